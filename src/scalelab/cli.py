@@ -1,0 +1,37 @@
+"""`scalelab <job> <verb>`: a thin dispatcher. Each job module registers its own verbs."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from scalelab.core.config import ConfigError
+
+# job name -> module exposing `register(subparsers)`; each verb sets `func(args) -> int`.
+JOBS = {
+    "pretrain": ("scalelab.pretrain.commands", "GPT-2 pretraining: prepare, train, predict, parity, export, report"),
+    "calc": ("scalelab.calc.commands", "back-of-envelope engines: parallelism communication, disaggregation"),
+    "demo": ("scalelab.demo", "run the whole offline CPU demo end to end"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scalelab", description=__doc__.splitlines()[0] if __doc__ else None)
+    jobs = parser.add_subparsers(dest="job", metavar="<job>", required=True)
+    for name, (module, help_text) in JOBS.items():
+        job_parser = jobs.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).register(job_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"scalelab: config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

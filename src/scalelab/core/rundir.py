@@ -1,0 +1,97 @@
+"""One run = one folder (DESIGN.md principle 3).
+
+    <run>/config.toml        fully resolved config
+    <run>/provenance.json    git sha, packages, hardware, data manifest hash, command
+    <run>/predictions.json   written before the expensive part; its sha256 is logged as an event
+    <run>/metrics.jsonl      append-only, one JSON object per event
+    <run>/results.json       written at the end
+    <run>/figures/*.png
+    <run>/REPORT.md          regenerated from the files above alone
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from scalelab.core import provenance
+from scalelab.core.config import dump_toml
+from scalelab.core.jsonio import append_jsonl, iter_jsonl, read_json, write_json
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    # files -----------------------------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.toml"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def figures(self) -> Path:
+        d = self.path / "figures"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def exists(self) -> bool:
+        return self.config_path.is_file()
+
+    # writing ---------------------------------------------------------------------------------
+    def create(self, cfg: Any) -> "RunDir":
+        self.path.mkdir(parents=True, exist_ok=True)
+        dump_toml(cfg, self.config_path)
+        return self
+
+    def write_provenance(self, extra: dict | None = None) -> dict:
+        prov = provenance.collect(extra)
+        write_json(self.path / "provenance.json", prov)
+        return prov
+
+    def write_predictions(self, predictions: dict) -> str:
+        """Write predictions.json and log its hash: the record that they existed before the measurement."""
+        payload = {"written_unix": time.time(), **predictions}
+        write_json(self.path / "predictions.json", payload)
+        digest = hashlib.sha256((self.path / "predictions.json").read_bytes()).hexdigest()
+        self.log_event("predictions_written", sha256=digest)
+        return digest
+
+    def log_event(self, event: str, **fields: Any) -> dict:
+        record = {"event": event, "time_unix": time.time(), **fields}
+        append_jsonl(self.metrics_path, record)
+        return record
+
+    def write_results(self, results: dict) -> None:
+        write_json(self.path / "results.json", results)
+
+    def write_report(self, markdown: str) -> Path:
+        out = self.path / "REPORT.md"
+        out.write_text(markdown)
+        return out
+
+    # reading ---------------------------------------------------------------------------------
+    def read(self, name: str) -> Any:
+        return read_json(self.path / name)
+
+    def read_optional(self, name: str) -> Any:
+        p = self.path / name
+        return read_json(p) if p.is_file() else None
+
+    def events(self, kind: str | None = None) -> Iterator[dict]:
+        for rec in iter_jsonl(self.metrics_path):
+            if kind is None or rec.get("event") == kind:
+                yield rec
+
+    def predictions_sha256(self) -> str | None:
+        p = self.path / "predictions.json"
+        return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+
+
+def dumps_compact(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))

@@ -1,0 +1,122 @@
+"""The pretraining job's typed config: model, data, optimizer, schedule, loop and run sections.
+
+Defaults describe the tiny CPU demo model; `configs/pretrain/*.toml` hold the named experiments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Sequence
+
+from scalelab.core.config import ConfigError, load_config, param, section
+
+GPT2_VOCAB = 50257
+GPT2_PADDED_VOCAB = 50304  # next multiple of 128: wider matmul tiles (Karpathy, nanoGPT/llm.c)
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = param(4, "transformer blocks", ge=1)
+    n_head: int = param(4, "attention heads per block", ge=1)
+    n_embd: int = param(128, "residual stream width; must divide by n_head", ge=8)
+    block_size: int = param(128, "context length T in tokens", ge=8)
+    vocab_size: int = param(GPT2_VOCAB, "tokenizer vocabulary (GPT-2 BPE: 50257)", ge=2)
+    padded_vocab_size: int = param(GPT2_PADDED_VOCAB, "embedding rows; >= vocab_size, extra rows never targeted", ge=2)
+    bias: bool = param(True, "biases in Linear and LayerNorm, as GPT-2")
+    dropout: float = param(0.0, "dropout on attention/MLP/residual; 0 for pretraining (nanoGPT)", ge=0.0, le=0.9)
+
+    def validate(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"config field 'model.n_embd': {self.n_embd} is not divisible by "
+                              f"model.n_head={self.n_head}")
+        if self.padded_vocab_size < self.vocab_size:
+            raise ConfigError(f"config field 'model.padded_vocab_size': {self.padded_vocab_size} < "
+                              f"model.vocab_size={self.vocab_size}")
+
+
+@dataclass
+class DataConfig:
+    dir: str = param("data/pretrain/sharegpt", "folder with train_*.bin, val_*.bin and manifest.json")
+    val_tokens: int = param(0, "tokens of the val split per evaluation; 0 = all "
+                               "(FineWeb speedrun bar: 10485760)", ge=0)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = param(1e-3, "peak learning rate (GPT-2 124M: 6e-4, GPT-3 paper table 2.1)", gt=0.0)
+    min_lr_ratio: float = param(0.1, "final lr / peak lr (Chinchilla: decay to ~10% of peak)", ge=0.0, le=1.0)
+    weight_decay: float = param(0.1, "AdamW decay on 2-D weights only; biases/norms/embedding positions undecayed",
+                                ge=0.0)
+    beta1: float = param(0.9, "AdamW beta1", ge=0.0, le=1.0)
+    beta2: float = param(0.95, "AdamW beta2 (0.95 for LLM stability, GPT-3)", ge=0.0, le=1.0)
+    eps: float = param(1e-8, "AdamW epsilon", gt=0.0)
+    grad_clip: float = param(1.0, "clip global grad norm to this; 0 disables", ge=0.0)
+
+
+@dataclass
+class ScheduleConfig:
+    kind: Literal["cosine", "wsd", "constant"] = param("cosine", "lr schedule after warmup")
+    warmup_steps: int = param(20, "linear warmup steps from ~0 to peak lr", ge=0)
+    cooldown_frac: float = param(0.2, "wsd: share of steps spent decaying linearly to min lr", ge=0.0, le=1.0)
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = param(300, "optimizer steps", ge=1)
+    micro_batch_size: int = param(16, "sequences per forward pass per process (B)", ge=1)
+    total_batch_tokens: int = param(0, "tokens per optimizer step over all processes; 0 = one micro-batch "
+                                       "per process. grad_accum = total / (B * T * world)", ge=0)
+    val_every: int = param(50, "evaluate on the val split every N steps (and at the end); 0 = end only", ge=0)
+    log_every: int = param(1, "one log line every N steps", ge=1)
+    checkpoint_every: int = param(100, "write an atomic checkpoint every N steps (and at the end); 0 = end only",
+                                  ge=0)
+    seed: int = param(1337, "seed for init and data order")
+    device: Literal["auto", "cpu", "cuda"] = param("auto", "auto = cuda when available")
+    dtype: Literal["auto", "float32", "bfloat16"] = param("auto", "autocast dtype; auto = bf16 on cuda, fp32 on cpu")
+    compile: bool = param(False, "torch.compile the model")
+    parallel: Literal["ddp", "fsdp2"] = param("ddp", "data-parallel wrapper when world size > 1")
+    overfit_batch: bool = param(False, "sanity mode: train on the first batch only; loss must go to ~0")
+    token_budget: int = param(0, "dry run: stop once this many tokens were trained on; 0 = no budget", ge=0)
+    resume: bool = param(True, "continue from the run folder's checkpoint when one exists")
+
+
+@dataclass
+class RunConfig:
+    name: str = param("tiny-cpu", "run name: the folder is <out_dir>/<name>")
+    out_dir: str = param("runs/pretrain", "parent folder of run folders")
+    trackers: list[str] = param([], "extra metric sinks besides JSONL: 'wandb', 'tensorboard'")
+    gpu: str = param("auto", "hardware table key for predictions and cost (auto = detect)")
+    price_per_gpu_hour: float = param(-1.0, "USD per GPU-hour for cost accounting; < 0 = hardware table default")
+
+    def validate(self) -> None:
+        bad = [t for t in self.trackers if t not in ("wandb", "tensorboard")]
+        if bad:
+            raise ConfigError(f"config field 'run.trackers': {bad[0]!r} is not a tracker; "
+                              "allowed values: 'wandb', 'tensorboard'")
+
+
+@dataclass
+class PretrainConfig:
+    model: ModelConfig = section(ModelConfig)
+    data: DataConfig = section(DataConfig)
+    optim: OptimConfig = section(OptimConfig)
+    schedule: ScheduleConfig = section(ScheduleConfig)
+    train: TrainConfig = section(TrainConfig)
+    run: RunConfig = section(RunConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+    def grad_accum(self, world_size: int) -> int:
+        """Micro-steps per optimizer step so one step sees `total_batch_tokens` tokens."""
+        per_micro = self.train.micro_batch_size * self.model.block_size * world_size
+        total = self.train.total_batch_tokens or per_micro
+        if total % per_micro:
+            raise ConfigError(f"config field 'train.total_batch_tokens': {total} is not a multiple of "
+                              f"micro_batch_size*block_size*world_size = {per_micro}")
+        return total // per_micro
+
+
+def load_pretrain_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> PretrainConfig:
+    return load_config(PretrainConfig, path, overrides)

@@ -1,0 +1,127 @@
+"""Token shards in the llm.c / modded-nanogpt format, and the stream that feeds the trainer.
+
+File layout (llm.c `dev/data/data_common.py`): a header of 256 little-endian int32 — [0] magic 20240520,
+[1] version 1, [2] token count, the rest zero — followed by the tokens as little-endian uint16.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = 20240520
+VERSION = 1
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+MAX_TOKEN_ID = 2**16 - 1
+
+
+class ShardError(ValueError):
+    """A shard file is missing, truncated, or has a wrong header."""
+
+
+def write_shard(path: str | Path, tokens: np.ndarray) -> str:
+    """Write tokens atomically (tmp file + rename); return the file's sha256."""
+    tokens = np.asarray(tokens)
+    if tokens.size and (tokens.min() < 0 or tokens.max() > MAX_TOKEN_ID):
+        raise ShardError(f"{path}: token ids must lie in [0, {MAX_TOKEN_ID}] for uint16 shards")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1], header[2] = MAGIC, VERSION, tokens.size
+    payload = header.tobytes() + tokens.astype("<u2").tobytes()
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return hashlib.sha256(payload).hexdigest()
+
+
+def read_header(path: str | Path) -> int:
+    """Validate a shard's header against its size; return its token count."""
+    path = Path(path)
+    if not path.is_file():
+        raise ShardError(f"shard not found: {path}")
+    size = path.stat().st_size
+    if size < HEADER_BYTES:
+        raise ShardError(f"{path}: {size} bytes is shorter than the {HEADER_BYTES}-byte header")
+    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    if header[0] != MAGIC:
+        raise ShardError(f"{path}: bad magic {int(header[0])} (expected {MAGIC}); not an llm.c token shard")
+    if header[1] != VERSION:
+        raise ShardError(f"{path}: unsupported version {int(header[1])} (expected {VERSION})")
+    ntok = int(header[2])
+    expected = HEADER_BYTES + 2 * ntok
+    if ntok < 0 or size != expected:
+        raise ShardError(f"{path}: header says {ntok} tokens ({expected} bytes) but the file has {size} bytes; "
+                         "truncated or corrupt")
+    return ntok
+
+
+def read_shard(path: str | Path) -> np.ndarray:
+    """All tokens of a validated shard as a read-only uint16 memmap."""
+    ntok = read_header(path)
+    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(ntok,))
+
+
+def list_shards(data_dir: str | Path, split: str) -> list[Path]:
+    files = sorted(Path(data_dir).glob(f"{split}_*.bin"))
+    if not files:
+        raise ShardError(f"no {split}_*.bin shards in {data_dir} (run `scalelab pretrain prepare` first)")
+    return files
+
+
+def manifest_hash(data_dir: str | Path) -> str:
+    """sha256 of the data folder's manifest.json: what a run records and checks on resume."""
+    path = Path(data_dir) / "manifest.json"
+    if not path.is_file():
+        raise ShardError(f"{data_dir}: no manifest.json (prepare writes one beside the shards)")
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass
+class StreamPosition:
+    """Where the stream will read next; saved in checkpoints so a resumed run sees the same tokens."""
+    shard: int = 0
+    offset: int = 0
+
+
+class TokenStream:
+    """Contiguous (B, T+1) windows over the shards, rank-strided like llm.c's DistributedDataLoader.
+
+    Each step the ranks read adjacent windows of B*T+1 tokens starting at `offset`; the offset then
+    advances by B*T*world. A shard too short for the next window rolls over to the next shard.
+    """
+
+    def __init__(self, files: list[Path], batch: int, seq: int, rank: int = 0, world: int = 1,
+                 position: StreamPosition | None = None):
+        self.files, self.B, self.T, self.rank, self.world = files, batch, seq, rank, world
+        self.pos = position or StreamPosition()
+        self._loaded = -1
+        self._tokens: np.ndarray | None = None
+        need = batch * seq * world + 1
+        if max(read_header(f) for f in files) < need:
+            raise ShardError(f"every shard holds fewer than {need} tokens (batch*seq*world+1); "
+                             "lower train.micro_batch_size or model.block_size, or prepare more data")
+
+    def _shard(self) -> np.ndarray:
+        if self._loaded != self.pos.shard:
+            self._tokens, self._loaded = read_shard(self.files[self.pos.shard]), self.pos.shard
+        return self._tokens
+
+    def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y) int64 arrays of shape (B, T); y is x shifted by one token."""
+        span = self.B * self.T
+        while self.pos.offset + span * self.world + 1 > len(self._shard()):
+            self.pos = StreamPosition((self.pos.shard + 1) % len(self.files), 0)
+        start = self.pos.offset + self.rank * span
+        buf = np.asarray(self._shard()[start:start + span + 1], dtype=np.int64)
+        self.pos = StreamPosition(self.pos.shard, self.pos.offset + span * self.world)
+        return buf[:-1].reshape(self.B, self.T), buf[1:].reshape(self.B, self.T)
+
+    def state(self) -> dict:
+        return {"shard": self.pos.shard, "offset": self.pos.offset}

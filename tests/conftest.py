@@ -1,0 +1,20 @@
+"""Shared fixtures. Real data sets come from ../shared/data: required in CI, skipped elsewhere when absent."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data; a CI run (CI=true) without it fails instead of skipping."""
+    if not SHARED_DATA.is_dir():
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but the shared data folder {SHARED_DATA} is missing")
+        pytest.skip(f"shared data folder {SHARED_DATA} not present")
+    return SHARED_DATA
