@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Sequence
 
-from scalelab.core.config import ConfigError, load_config, param, section
+from scalelab.core.config import ConfigError, dump_toml, load_config, param, section
 
 GPT2_VOCAB = 50257
 GPT2_PADDED_VOCAB = 50304  # next multiple of 128: wider matmul tiles (Karpathy, nanoGPT/llm.c)
@@ -120,3 +120,16 @@ class PretrainConfig:
 
 def load_pretrain_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> PretrainConfig:
     return load_config(PretrainConfig, path, overrides)
+
+
+def save_config(cfg: PretrainConfig, path: str | Path) -> None:
+    dump_toml(cfg, path)
+
+
+def peak_flops(device, gpu_key: str = "auto") -> float:
+    """Dense bf16 peak FLOP/s of one device from the hardware table, for MFU (PaLM appendix B)."""
+    from scalelab.core.hardware import detect_hardware, get_hardware
+    hw = get_hardware(gpu_key) if gpu_key != "auto" else detect_hardware()
+    if getattr(device, "type", str(device)) == "cpu" and gpu_key == "auto":
+        hw = get_hardware("cpu")
+    return hw.bf16_flops
