@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -91,7 +90,3 @@ class RunDir:
     def predictions_sha256(self) -> str | None:
         p = self.path / "predictions.json"
         return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
-
-
-def dumps_compact(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))

@@ -1,0 +1,198 @@
+"""The single-file trainer's invariants at toy scale on CPU: overfit, resume == uninterrupted,
+grad-accum == big batch, DDP / FSDP2 (2 gloo processes) == 1 process, manifest and NaN guards."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from scalelab.core.config import dump_toml
+from scalelab.core.jsonio import iter_jsonl
+from scalelab.pretrain import train_gpt
+from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
+from scalelab.pretrain.shards import write_shard
+
+VOCAB = 256
+TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
+        f"model.vocab_size={VOCAB}", f"model.padded_vocab_size={VOCAB}", "train.micro_batch_size=4",
+        "train.val_every=0", "train.checkpoint_every=0", "schedule.warmup_steps=2", "optim.lr=3e-3",
+        "train.device=cpu"]
+
+
+def markov_tokens(n: int, seed: int) -> np.ndarray:
+    """A sparse first-order Markov chain: learnable structure, so losses move and differ per step."""
+    rng = np.random.default_rng(seed)
+    nxt = rng.integers(0, VOCAB, size=(VOCAB, 3))
+    out = np.empty(n, dtype=np.int64)
+    out[0] = 0
+    choice = rng.integers(0, 3, size=n)
+    for i in range(1, n):
+        out[i] = nxt[out[i - 1], choice[i]]
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("shards")
+    write_shard(d / "train_000000.bin", markov_tokens(20_000, 1))
+    write_shard(d / "val_000000.bin", markov_tokens(2_000, 2))
+    (d / "manifest.json").write_text(json.dumps({"source": "markov", "seed": 1}))
+    return d
+
+
+def make_cfg(data_dir: Path, run_dir: Path, *extra: str) -> PretrainConfig:
+    return load_pretrain_config(None, [*TINY, f"data.dir={json.dumps(str(data_dir))}",
+                                       f"run.out_dir={json.dumps(str(run_dir.parent))}",
+                                       f"run.name={json.dumps(run_dir.name)}", *extra])
+
+
+def losses(run_dir: Path, event: str = "train", key: str = "loss") -> dict[int, float]:
+    """Last record per step (a resumed run repeats the steps after its checkpoint)."""
+    return {r["step"]: r[key] for r in iter_jsonl(run_dir / "metrics.jsonl") if r["event"] == event}
+
+
+def run_script(cfg: PretrainConfig, nproc: int = 1) -> subprocess.Popen:
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    dump_toml(cfg, cfg.run_dir / "launch.toml")
+    script = [train_gpt.__file__, "--config", str(cfg.run_dir / "launch.toml")]
+    cmd = [sys.executable, *script] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *script]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_lr_schedule_hand_computed():
+    cfg = load_pretrain_config(None, ["optim.lr=1.0", "optim.min_lr_ratio=0.1", "schedule.warmup_steps=10",
+                                      "train.max_steps=110"])
+    assert train_gpt.lr_at(0, cfg) == pytest.approx(0.1)       # (0+1)/10
+    assert train_gpt.lr_at(9, cfg) == pytest.approx(1.0)
+    assert train_gpt.lr_at(60, cfg) == pytest.approx(0.55)     # cosine midpoint: 0.1 + 0.5*(1+cos(pi/2))*0.9
+    assert train_gpt.lr_at(110, cfg) == pytest.approx(0.1)
+    wsd = load_pretrain_config(None, ["optim.lr=1.0", "optim.min_lr_ratio=0.0", "schedule.kind=wsd",
+                                      "schedule.warmup_steps=10", "schedule.cooldown_frac=0.2",
+                                      "train.max_steps=100"])
+    assert train_gpt.lr_at(79, wsd) == 1.0                     # stable until 80 = 100*(1-0.2)
+    assert train_gpt.lr_at(89, wsd) == pytest.approx(0.5)      # 1 + (0-1)*(89-80+1)/20
+    assert train_gpt.lr_at(99, wsd) == pytest.approx(0.0)
+
+
+def test_flops_per_token_gpt2_124m():
+    cfg = load_pretrain_config(None, ["model.n_layer=12", "model.n_head=12", "model.n_embd=768",
+                                      "model.block_size=1024"]).model
+    n_params = sum(p.numel() for p in train_gpt.GPT(cfg).parameters())
+    assert n_params == 124_475_904  # 124,439,808 with the 50257-row embedding, +47 padded rows x 768
+    # 6 * (124,475,904 - 1024*768) + 12 * 12 * 768 * 1024
+    assert train_gpt.flops_per_token(cfg, n_params) == 6 * (124_475_904 - 786_432) + 113_246_208
+
+
+def test_overfit_one_batch(data_dir, tmp_path):
+    cfg = make_cfg(data_dir, tmp_path / "overfit", "train.overfit_batch=true", "train.max_steps=80",
+                   "schedule.kind=constant", "optim.weight_decay=0.0")
+    summary = train_gpt.train(cfg)
+    first = losses(cfg.run_dir)[1]
+    assert first == pytest.approx(math.log(VOCAB), abs=0.3)
+    assert summary["final_train_loss"] < 0.05 * first
+
+
+def test_resume_after_kill_equals_uninterrupted(data_dir, tmp_path):
+    extra = ["train.max_steps=24", "train.checkpoint_every=4", "train.val_every=8"]
+    full = make_cfg(data_dir, tmp_path / "full", *extra)
+    train_gpt.train(full)
+    killed = make_cfg(data_dir, tmp_path / "killed", *extra)
+    proc = run_script(killed)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(r["event"] == "checkpoint" and r["step"] >= 8
+                                             for r in iter_jsonl(killed.run_dir / "metrics.jsonl")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = losses(killed.run_dir)
+    assert 8 <= max(done) < 24, "the kill must land mid-run"
+    train_gpt.train(killed)  # resumes from the last checkpoint
+    assert any(r["event"] == "resume" for r in iter_jsonl(killed.run_dir / "metrics.jsonl"))
+    assert losses(killed.run_dir) == losses(full.run_dir)
+    assert losses(killed.run_dir, "val", "val_loss") == losses(full.run_dir, "val", "val_loss")
+
+
+def test_grad_accum_equals_big_batch(data_dir, tmp_path):
+    big = make_cfg(data_dir, tmp_path / "big", "train.micro_batch_size=8", "train.max_steps=5")
+    acc = make_cfg(data_dir, tmp_path / "acc", "train.micro_batch_size=2", "train.total_batch_tokens=128",
+                   "train.max_steps=5")  # 128 = 8 * 16: grad_accum 4
+    assert acc.grad_accum(1) == 4
+    train_gpt.train(big)
+    train_gpt.train(acc)
+    a, b = losses(big.run_dir), losses(acc.run_dir)
+    assert a.keys() == b.keys() and len(a) == 5
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-5)
+    assert losses(acc.run_dir, "train", "grad_norm")[5] == pytest.approx(losses(big.run_dir, "train", "grad_norm")[5],
+                                                                        rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_process_equals_one(data_dir, tmp_path, parallel):
+    common = ["train.max_steps=4", "train.micro_batch_size=2", "train.val_every=2"]
+    one = make_cfg(data_dir, tmp_path / "one", *common, "train.total_batch_tokens=64")  # 1 proc, accum 2
+    two = make_cfg(data_dir, tmp_path / parallel, *common, f"train.parallel={parallel}")  # 2 procs x 2 seqs
+    train_gpt.train(one)
+    proc = run_script(two, nproc=2)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    a, b = losses(one.run_dir), losses(two.run_dir)
+    assert len(a) == 4 and a.keys() == b.keys()
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-5)
+    va, vb = losses(one.run_dir, "val", "val_loss"), losses(two.run_dir, "val", "val_loss")
+    assert vb[4] == pytest.approx(va[4], rel=1e-5)
+
+
+def test_resume_with_other_manifest_is_refused(data_dir, tmp_path):
+    other = tmp_path / "other-data"
+    other.mkdir()
+    for name in ("train_000000.bin", "val_000000.bin"):
+        (other / name).write_bytes((data_dir / name).read_bytes())
+    (other / "manifest.json").write_text(json.dumps({"source": "markov", "seed": 1}))
+    train_gpt.train(make_cfg(other, tmp_path / "run", "train.max_steps=2"))
+    (other / "manifest.json").write_text(json.dumps({"source": "markov", "seed": 2}))
+    with pytest.raises(RuntimeError, match="refusing to resume .* data manifest"):
+        train_gpt.train(make_cfg(other, tmp_path / "run", "train.max_steps=4"))
+
+
+def test_resume_with_other_model_is_refused(data_dir, tmp_path):
+    train_gpt.train(make_cfg(data_dir, tmp_path / "run", "train.max_steps=2"))
+    with pytest.raises(RuntimeError, match="model config differs"):
+        train_gpt.train(make_cfg(data_dir, tmp_path / "run", "train.max_steps=4", "model.n_layer=3"))
+
+
+def test_nonfinite_loss_stops_with_diagnostic(data_dir, tmp_path):
+    cfg = make_cfg(data_dir, tmp_path / "nan", "optim.lr=1e30", "schedule.warmup_steps=0", "train.max_steps=20",
+                   "optim.grad_clip=0.0")
+    with pytest.raises(FloatingPointError, match="non-finite loss/grad at step"):
+        train_gpt.train(cfg)
+    stops = [r for r in iter_jsonl(cfg.run_dir / "metrics.jsonl") if r["event"] == "nonfinite_stop"]
+    assert len(stops) == 1 and stops[0]["step"] < 20 and "hint" in stops[0]
+
+
+def test_token_budget_dry_run(data_dir, tmp_path):
+    cfg = make_cfg(data_dir, tmp_path / "budget", "train.max_steps=100", "train.token_budget=200")
+    summary = train_gpt.train(cfg)  # 64 tokens per step: the budget is crossed at step 4
+    assert summary["steps"] == 4 and summary["tokens"] == 256
+    assert (cfg.run_dir / "checkpoint.pt").is_file()
+    state = torch.load(cfg.run_dir / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 4 and state["data"] == {"shard": 0, "offset": 4 * 64}
+
+
+def test_sequence_longer_than_block_is_refused():
+    model = train_gpt.GPT(load_pretrain_config(None, TINY).model)
+    with pytest.raises(ValueError, match="exceeds model.block_size=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
