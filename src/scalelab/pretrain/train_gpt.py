@@ -311,7 +311,7 @@ def train_step(model, optimizer, stream, cfg, world, device, autocast, accum, fi
         x, y = fixed_batch if fixed_batch is not None else to_device(*stream.next_batch(), device)
         set_grad_sync(model, cfg, world, micro == accum - 1)
         with autocast:
-            _, loss = model(x, y)
+            loss = model(x, y)[1]  # drop the logits now: holding them through backward costs B*T*V memory
         (loss / accum).backward()  # mean over micro-batches == loss of the whole batch
         loss_sum += loss.detach()
     if world > 1:
@@ -339,11 +339,12 @@ def train(cfg: PretrainConfig) -> dict:
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
              "float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.train.dtype]
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
-    ckpt, step, pos = run_dir / "checkpoint.pt", 0, None
+    ckpt, step, pos, state = run_dir / "checkpoint.pt", 0, None, None
     if cfg.train.resume and ckpt.is_file():
         state = load_checkpoint(ckpt, model, optimizer, cfg, data_sha, world)
         step, pos = state["step"], StreamPosition(**state["data"])
-        log("resume", step=step, data=state["data"])
+    if step >= cfg.train.max_steps:  # a finished run: keep its summary rather than overwrite it
+        return json.loads((run_dir / "train_summary.json").read_text())
     stream = make_stream(cfg, "train", rank, world, pos)
     fixed = to_device(*stream.next_batch(), device) if cfg.train.overfit_batch else None
     tok_per_step = cfg.train.micro_batch_size * cfg.model.block_size * world * accum
@@ -352,6 +353,8 @@ def train(cfg: PretrainConfig) -> dict:
     log("run_start", step=step, n_params=n_params, world_size=world, grad_accum=accum, tokens_per_step=tok_per_step,
         device=str(device), dtype=str(dtype), torch=torch.__version__, manifest_sha256=data_sha,
         predictions_sha256=pred_sha, flops_per_token=fpt)
+    if state is not None:
+        log("resume", step=step, data=state["data"])
     return _loop(model, optimizer, stream, cfg, rank, world, device, autocast, accum, fixed, step, log,
                  tok_per_step, fpt, peak, data_sha, n_params)
 

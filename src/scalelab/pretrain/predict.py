@@ -1,0 +1,301 @@
+"""Before the run: predicted tokens/s, memory per device and final loss, each with a stated interval.
+
+    tokens/s = MFU x peak FLOP/s x world / FLOPs-per-token          (PaLM, Chowdhery et al. 2022, app. B)
+    memory   = params + grads + AdamW m, v + activations + logits + runtime
+    loss     = E + A / N^α + B / D^β                                (Hoffmann et al. 2022, eq. 2)
+
+The MFU is an assumption, not a derivation: it comes from a table per hardware (below, with where each
+number comes from) and can be overridden. predictions.json is written through RunDir, which logs its
+sha256, so a report can show the prediction existed before the measurement.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from scalelab.core.hardware import Hardware, detect_hardware, get_hardware
+from scalelab.core.rundir import RunDir
+from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config
+# LossPoint and fit_scaling_law are re-exported: the ladder fit (issue 3) feeds predict() through them.
+from scalelab.pretrain.scaling_law import (CHINCHILLA_PRIOR, LossPoint, ScalingLaw, fit_scaling_law,  # noqa: F401
+                                           load_scaling_law)
+from scalelab.pretrain.train_gpt import flops_per_token
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MfuAssumption:
+    mfu: float
+    mfu_low: float
+    mfu_high: float
+    why: str
+
+
+# Per hardware-table key. GPU rows assume bf16 autocast + torch.compile on a GPT-2-124M-sized model.
+MFU_DEFAULTS: dict[str, MfuAssumption] = {
+    # Measured by us with train_gpt.py on this 2-core CPU, fp32, tiny config (4x128, T=128), against the
+    # table's nominal 0.192 TFLOP/s: 0.21 at B=8 with OMP_NUM_THREADS=2; 0.14 at B=16 (OMP=2) and 0.09 at B=16
+    # (OMP=1) while other jobs shared the CPU. Timings on a shared CPU are noisy, hence the wide interval.
+    "cpu": MfuAssumption(0.15, 0.06, 0.25, "measured: train_gpt.py tiny config on the 2-core CPU, fp32, "
+                                            "0.09-0.21 depending on threads, batch and load"),
+    # Leads, not our measurements. modded-nanogpt's README starts its speedrun from llm.c's 45-minute GPT-2 124M
+    # run on 8xH100 (10B tokens); a published llm.c 8xH100 log shows 140 ms per 524,288-token step: 3.7M tokens/s,
+    # i.e. MFU ~0.40 by our 855 MFLOPs/token and 989 TFLOP/s peak. H200 has H100's compute. Replace with a value
+    # measured on the machine (the `mfu` field of train events).
+    "h100-sxm": MfuAssumption(0.40, 0.25, 0.55, "lead: llm.c GPT-2 124M on 8xH100 (140 ms/step, ~3.7M tok/s), "
+                                                "bf16 + compile"),
+    "h200": MfuAssumption(0.40, 0.25, 0.55, "lead: as H100 (same compute): llm.c GPT-2 124M, bf16 + compile"),
+    "a100-80gb": MfuAssumption(0.45, 0.30, 0.60, "guess: the H100 lead, a little higher on A100's lower peak"),
+    "l40s": MfuAssumption(0.35, 0.20, 0.50, "guess: Ada GPU, bf16 + compile; no report at hand"),
+}
+# nanoGPT README: torch.compile took a 124M iteration from ~250 ms to ~135 ms on A100, so eager ~0.55x.
+EAGER_GPU_FACTOR = 0.55
+# Peak RSS of `import torch` plus first matmul/SDPA on this machine: 0.22 GiB; CPU memory is measured as process
+# RSS (train_gpt.memory_gib), so it is part of what we predict. On GPU max_memory_allocated excludes the context.
+CPU_RUNTIME_BYTES = int(0.25 * GIB)
+# Allocator fragmentation and caching, and temporaries we do not model: measured peak RSS / point estimate was
+# 1.13-1.14 (tiny config, B=8) and 1.07-1.09 (B=16) on this CPU.
+MEMORY_INTERVAL = (0.8, 1.3)
+
+
+@dataclass(frozen=True)
+class ThroughputEstimate:
+    flops_per_token: float          # training FLOPs, 6N + attention (train_gpt.flops_per_token)
+    peak_flops_per_s: float         # per device, hardware table
+    world_size: int
+    assumed_mfu: float
+    assumed_mfu_low: float
+    assumed_mfu_high: float
+    mfu_why: str
+    tokens_per_step: int
+    tokens_per_s: float
+    tokens_per_s_low: float
+    tokens_per_s_high: float
+    step_ms: float
+    step_ms_low: float
+    step_ms_high: float
+    train_tokens: int
+    wall_s: float
+    wall_s_low: float
+    wall_s_high: float
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:               # per device, at the peak (loss backward)
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int            # AdamW m and v in fp32: 8 bytes/param
+    comm_buffers_bytes: int         # DDP gradient buckets
+    activations_bytes: int          # saved for backward in the blocks
+    logits_bytes: int               # logits, log-softmax and their gradients: dominant for small models
+    runtime_bytes: int              # process baseline counted by the measurement (CPU RSS)
+    total_bytes: int
+    total_bytes_low: int
+    total_bytes_high: int
+    device_memory_bytes: int
+
+
+@dataclass(frozen=True)
+class LossEstimate:
+    final_loss: float               # nats/token on the val split
+    final_loss_low: float
+    final_loss_high: float
+    n_params: int                   # N in the law: all parameters except the position table
+    train_tokens: int               # D
+    uniform_loss: float             # ln(vocab): the loss of a model that learned nothing
+    law: ScalingLaw
+
+
+@dataclass(frozen=True)
+class PretrainPrediction:
+    run_name: str
+    hardware_key: str
+    hardware_name: str
+    dtype: str
+    n_params: int
+    throughput: ThroughputEstimate
+    memory: MemoryEstimate
+    loss: LossEstimate
+
+
+# ---------------------------------------------------------------------------------------------
+# compute
+
+
+def count_params(m: ModelConfig) -> int:
+    """Parameters of train_gpt.GPT, tie counted once: wte (padded rows) + wpe + blocks + ln_f.
+    Per block: 2 LayerNorms (2d each with bias) + c_attn 3d²+3d + attn c_proj d²+d + c_fc 4d²+4d + c_proj 4d²+d."""
+    d, b = m.n_embd, int(m.bias)
+    ln = d * (1 + b)
+    block = 2 * ln + 12 * d * d + b * 9 * d
+    return m.padded_vocab_size * d + m.block_size * d + m.n_layer * block + ln
+
+
+def resolve_target(cfg: PretrainConfig, hardware_key: str) -> Hardware:
+    """'auto' -> run.gpu if set, else the CPU when train.device says so, else the detected accelerator."""
+    if hardware_key != "auto":
+        return get_hardware(hardware_key)
+    if cfg.run.gpu != "auto":
+        return get_hardware(cfg.run.gpu)
+    return get_hardware("cpu") if cfg.train.device == "cpu" else detect_hardware()
+
+
+def train_dtype(cfg: PretrainConfig, hw: Hardware) -> str:
+    if cfg.train.dtype != "auto":
+        return cfg.train.dtype
+    return "float32" if hw.key == "cpu" else "bfloat16"  # as train_gpt: bf16 autocast on cuda, fp32 on cpu
+
+
+def mfu_assumption(cfg: PretrainConfig, hw: Hardware, override: float | None) -> MfuAssumption:
+    if override is not None:
+        return MfuAssumption(override, override * 0.8, min(1.0, override * 1.2), "given by the user (±20%)")
+    base = MFU_DEFAULTS.get(hw.key, MfuAssumption(0.3, 0.15, 0.5, "no table entry for this hardware: a guess"))
+    if hw.key != "cpu" and not cfg.train.compile:
+        return MfuAssumption(base.mfu * EAGER_GPU_FACTOR, base.mfu_low * EAGER_GPU_FACTOR,
+                             base.mfu_high * EAGER_GPU_FACTOR, base.why + f"; x{EAGER_GPU_FACTOR} without compile "
+                             "(nanoGPT README: ~250 -> ~135 ms/iter with compile)")
+    return base
+
+
+def train_tokens(cfg: PretrainConfig, tokens_per_step: int) -> int:
+    total = cfg.train.max_steps * tokens_per_step
+    return min(total, cfg.train.token_budget) if cfg.train.token_budget else total
+
+
+def estimate_throughput(cfg: PretrainConfig, hw: Hardware, world: int, mfu: MfuAssumption) -> ThroughputEstimate:
+    n = count_params(cfg.model)
+    fpt = flops_per_token(cfg.model, n)
+    tok_step = cfg.train.micro_batch_size * cfg.model.block_size * world * cfg.grad_accum(world)
+    rate = lambda u: u * hw.bf16_flops * world / fpt  # noqa: E731  tokens/s at MFU u
+    d = train_tokens(cfg, tok_step)
+    tps, lo, hi = rate(mfu.mfu), rate(mfu.mfu_low), rate(mfu.mfu_high)
+    return ThroughputEstimate(
+        flops_per_token=fpt, peak_flops_per_s=hw.bf16_flops, world_size=world, assumed_mfu=mfu.mfu,
+        assumed_mfu_low=mfu.mfu_low, assumed_mfu_high=mfu.mfu_high, mfu_why=mfu.why, tokens_per_step=tok_step,
+        tokens_per_s=tps, tokens_per_s_low=lo, tokens_per_s_high=hi,
+        step_ms=1000 * tok_step / tps, step_ms_low=1000 * tok_step / hi, step_ms_high=1000 * tok_step / lo,
+        train_tokens=d, wall_s=d / tps, wall_s_low=d / hi, wall_s_high=d / lo)
+
+
+def activation_bytes(m: ModelConfig, micro_batch: int, dtype: str) -> int:
+    """Tensors the blocks save for backward, per device. Korthikanti et al. 2022 ("Reducing Activation
+    Recomputation in Large Transformer Models") eq. 1: s·b·h·(34 + 5·a·s/h) bytes per layer at 16-bit, where
+    34 = 2 bytes x (14 matmul/GELU inputs + 2 LayerNorm inputs) + 2 one-byte dropout masks per s·b·h, and
+    5·a·s/h is the stored a·s² attention matrix (softmax 2 + mask 1 + dropout output 2 bytes). Adapted to
+    train_gpt: SDPA (flash / memory-efficient, on GPU and CPU) keeps only a fp32 logsumexp per head and
+    position instead of a·s²; matmul inputs at the autocast dtype (fp32 on CPU); LayerNorm inputs in fp32
+    (autocast runs layer_norm in fp32); dropout masks only when dropout > 0."""
+    s, b, h, a = m.block_size, micro_batch, m.n_embd, m.n_head
+    act = 4 if dtype == "float32" else 2
+    masks = 2 if m.dropout > 0 else 0
+    per_layer = s * b * h * (14 * act + 2 * 4 + masks) + 4 * a * s * b
+    return m.n_layer * per_layer + s * b * h * (4 + act)  # + ln_f input (fp32) and lm_head input
+
+
+def logits_bytes(m: ModelConfig, micro_batch: int) -> int:
+    """Peak of the loss backward, in B·T·V units: the saved fp32 log-softmax and the fp32 gradients of
+    log-softmax and of the logits, which coexist inside LogSoftmaxBackward. The lm_head output itself is
+    freed after the forward (the trainer keeps only the loss; log-softmax saves its output, not its input)."""
+    return micro_batch * m.block_size * 3 * 4 * m.vocab_size
+
+
+def estimate_memory(cfg: PretrainConfig, hw: Hardware, world: int, dtype: str) -> MemoryEstimate:
+    """Per device. Params stay fp32 under autocast (master weights); FSDP2 shards params, grads and AdamW
+    state over the world (ZeRO-3, Rajbhandari et al. 2020); DDP keeps a full copy plus gradient buckets."""
+    n = count_params(cfg.model)
+    shard = world if (world > 1 and cfg.train.parallel == "fsdp2") else 1
+    params, grads, optim = 4 * n // shard, 4 * n // shard, 8 * n // shard
+    comm = 4 * n if (world > 1 and cfg.train.parallel == "ddp") else 0
+    acts = activation_bytes(cfg.model, cfg.train.micro_batch_size, dtype)
+    logits = logits_bytes(cfg.model, cfg.train.micro_batch_size)
+    runtime = CPU_RUNTIME_BYTES if hw.key == "cpu" else 0
+    total = params + grads + optim + comm + acts + logits + runtime
+    return MemoryEstimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim, comm_buffers_bytes=comm,
+                          activations_bytes=acts, logits_bytes=logits, runtime_bytes=runtime, total_bytes=total,
+                          total_bytes_low=int(total * MEMORY_INTERVAL[0]),
+                          total_bytes_high=int(total * MEMORY_INTERVAL[1]),
+                          device_memory_bytes=int(hw.memory_bytes))
+
+
+def estimate_loss(cfg: PretrainConfig, tokens: int, law: ScalingLaw) -> LossEstimate:
+    """L(N, D) with its stated relative interval, capped at ln(V): a model that learned nothing predicts the
+    uniform distribution, and the prior extrapolated to a few thousand tokens would claim worse than that."""
+    n = count_params(cfg.model) - cfg.model.block_size * cfg.model.n_embd
+    uniform = math.log(cfg.model.vocab_size)
+    point = min(law.loss(n, max(tokens, 1)), uniform)
+    return LossEstimate(final_loss=point, final_loss_low=point * (1 - law.rel_interval),
+                        final_loss_high=min(uniform, point * (1 + law.rel_interval)), n_params=n,
+                        train_tokens=tokens, uniform_loss=uniform, law=law)
+
+
+def predict(cfg: PretrainConfig, world_size: int = 1, hardware_key: str = "auto", mfu: float | None = None,
+            loss_law: ScalingLaw | None = None) -> PretrainPrediction:
+    hw = resolve_target(cfg, hardware_key)
+    dtype = train_dtype(cfg, hw)
+    throughput = estimate_throughput(cfg, hw, world_size, mfu_assumption(cfg, hw, mfu))
+    return PretrainPrediction(run_name=cfg.run.name, hardware_key=hw.key, hardware_name=hw.name, dtype=dtype,
+                              n_params=count_params(cfg.model), throughput=throughput,
+                              memory=estimate_memory(cfg, hw, world_size, dtype),
+                              loss=estimate_loss(cfg, throughput.train_tokens, loss_law or CHINCHILLA_PRIOR))
+
+
+# ---------------------------------------------------------------------------------------------
+# save / load / print
+
+
+def prediction_to_dict(p: PretrainPrediction) -> dict:
+    return {"job": "pretrain", **asdict(p)}
+
+
+def prediction_from_dict(d: dict) -> PretrainPrediction:
+    """Inverse of prediction_to_dict (extra keys such as written_unix are ignored)."""
+    loss = dict(d["loss"], law=ScalingLaw(**d["loss"]["law"]))
+    return PretrainPrediction(run_name=d["run_name"], hardware_key=d["hardware_key"],
+                              hardware_name=d["hardware_name"], dtype=d["dtype"], n_params=d["n_params"],
+                              throughput=ThroughputEstimate(**d["throughput"]), memory=MemoryEstimate(**d["memory"]),
+                              loss=LossEstimate(**loss))
+
+
+def write_predictions(cfg: PretrainConfig, run_dir: str | Path | None = None, world_size: int = 1,
+                      hardware_key: str = "auto", mfu: float | None = None,
+                      loss_law: ScalingLaw | None = None) -> PretrainPrediction:
+    """Predict and write <run>/predictions.json; RunDir logs its sha256 as a `predictions_written` event."""
+    rd = RunDir(run_dir if run_dir is not None else cfg.run_dir)
+    rd.path.mkdir(parents=True, exist_ok=True)
+    pred = predict(cfg, world_size, hardware_key, mfu, loss_law)
+    rd.write_predictions(prediction_to_dict(pred))
+    return pred
+
+
+def predict_from_args(args) -> PretrainPrediction:
+    """CLI entry. Reads from `args` (argparse.Namespace; absent attributes take the default): config (TOML path
+    or None), set (list of key=value overrides), world_size (1), gpu ('auto'), mfu (None = table), loss_law
+    (JSON path from save_scaling_law, or None = Chinchilla prior), run_dir (None = the config's), write (True)."""
+    cfg = load_pretrain_config(getattr(args, "config", None), getattr(args, "set", None) or ())
+    law_path = getattr(args, "loss_law", None)
+    kwargs = dict(world_size=getattr(args, "world_size", 1) or 1, hardware_key=getattr(args, "gpu", "auto") or "auto",
+                  mfu=getattr(args, "mfu", None), loss_law=load_scaling_law(law_path) if law_path else None)
+    if getattr(args, "write", True):
+        return write_predictions(cfg, getattr(args, "run_dir", None), **kwargs)
+    return predict(cfg, **kwargs)
+
+
+def format_prediction(p: PretrainPrediction) -> str:
+    t, m, loss = p.throughput, p.memory, p.loss
+    gib = lambda x: f"{x / GIB:.2f}"  # noqa: E731
+    return "\n".join([
+        f"prediction for {p.run_name}: {p.n_params:,} params on {t.world_size} x {p.hardware_name} ({p.dtype})",
+        f"  FLOPs/token {t.flops_per_token:.4g}; peak {t.peak_flops_per_s:.4g} FLOP/s/device; "
+        f"MFU {t.assumed_mfu:.0%} ({t.assumed_mfu_low:.0%}-{t.assumed_mfu_high:.0%}): {t.mfu_why}",
+        f"  tokens/s {t.tokens_per_s:,.0f} ({t.tokens_per_s_low:,.0f}-{t.tokens_per_s_high:,.0f}); step "
+        f"{t.step_ms:,.1f} ms ({t.step_ms_low:,.1f}-{t.step_ms_high:,.1f}); {t.train_tokens:,} tokens in "
+        f"{t.wall_s / 3600:.3g} h ({t.wall_s_low / 3600:.3g}-{t.wall_s_high / 3600:.3g})",
+        f"  memory/device GiB: params {gib(m.params_bytes)} + grads {gib(m.grads_bytes)} + AdamW "
+        f"{gib(m.optimizer_bytes)} + buckets {gib(m.comm_buffers_bytes)} + activations {gib(m.activations_bytes)} "
+        f"+ logits {gib(m.logits_bytes)} + runtime {gib(m.runtime_bytes)} = {gib(m.total_bytes)} "
+        f"({gib(m.total_bytes_low)}-{gib(m.total_bytes_high)}) of {gib(m.device_memory_bytes)}",
+        f"  final val loss {loss.final_loss:.3f} ({loss.final_loss_low:.3f}-{loss.final_loss_high:.3f}) nats at "
+        f"N={loss.n_params:,}, D={loss.train_tokens:,}; law: {loss.law.source}",
+    ])
