@@ -115,7 +115,7 @@ def test_stream_rank_striding(two_shards):
     assert x0.tolist() == [[0, 1, 2], [3, 4, 5]] and y0.tolist() == [[1, 2, 3], [4, 5, 6]]
     assert x1.tolist() == [[6, 7, 8], [9, 10, 11]] and y1.tolist() == [[7, 8, 9], [10, 11, 12]]
     assert x0.dtype == np.int64
-    assert r0.state() == r1.state() == {"shard": 0, "offset": 12}
+    assert r0.state() == r1.state() == {"shard": 0, "offset": 12, "epoch": 0}
     assert r1.next_batch()[0].tolist() == [[18, 19, 20], [21, 22, 23]]
 
 
@@ -125,17 +125,37 @@ def test_stream_rollover_and_wrap(two_shards):
     s.next_batch()  # offsets 0 and 12 fit in 30 tokens; 24 + 13 > 30 does not
     x, _ = s.next_batch()
     assert x.tolist() == [[100, 101, 102], [103, 104, 105]]
-    assert s.state() == {"shard": 1, "offset": 12}
-    x, _ = s.next_batch()  # 12 + 13 > 20: wraps back to the first shard
+    assert s.state() == {"shard": 1, "offset": 12, "epoch": 0}
+    x, _ = s.next_batch()  # 12 + 13 > 20: wraps back to the first shard, a new epoch
     assert x.tolist() == [[0, 1, 2], [3, 4, 5]]
-    assert s.state() == {"shard": 0, "offset": 12}
+    assert s.state() == {"shard": 0, "offset": 12, "epoch": 1}
 
 
 def test_stream_resumes_from_position(two_shards):
     s = TokenStream(two_shards, batch=1, seq=4, position=StreamPosition(shard=1, offset=8))
     x, y = s.next_batch()
     assert x.tolist() == [[108, 109, 110, 111]] and y.tolist() == [[109, 110, 111, 112]]
-    assert s.state() == {"shard": 1, "offset": 12}
+    assert s.state() == {"shard": 1, "offset": 12, "epoch": 0}
+
+
+def test_shuffled_stream_is_a_seeded_permutation_shared_by_ranks(two_shards):
+    # T=3: shard 0 (30 tokens) holds (30-1)//3 = 9 windows; shard 1 (20 tokens) holds 6.
+    r0 = TokenStream(two_shards, batch=2, seq=3, rank=0, world=2, shuffle_seed=7)
+    r1 = TokenStream(two_shards, batch=2, seq=3, rank=1, world=2, shuffle_seed=7)
+    one = TokenStream(two_shards, batch=4, seq=3, shuffle_seed=7)  # the same global batch in one process
+    perm = np.random.default_rng([7, 0, 0]).permutation(9)
+    x0, y0 = r0.next_batch()
+    x1, _ = r1.next_batch()
+    assert x0[:, 0].tolist() == [3 * w for w in perm[:2]] and x1[:, 0].tolist() == [3 * w for w in perm[2:4]]
+    assert (y0 == x0 + 1).all()  # windows are contiguous tokens: y is x shifted by one
+    assert one.next_batch()[0].tolist() == np.concatenate([x0, x1]).tolist()
+    r0.next_batch()  # windows 4..7 of the permutation
+    assert r0.state() == {"shard": 0, "offset": 8, "epoch": 0}
+    x, _ = r0.next_batch()  # 8 + 4 > 9 windows: shard 1, in its own permutation
+    assert x[:, 0].tolist() == [100 + 3 * w for w in np.random.default_rng([7, 0, 1]).permutation(6)[:2]]
+    resumed = TokenStream(two_shards, batch=2, seq=3, rank=0, world=2, shuffle_seed=7,
+                          position=StreamPosition(**r0.state()))
+    assert resumed.next_batch()[0].tolist() == r0.next_batch()[0].tolist()
 
 
 def test_stream_refuses_shards_too_small(two_shards):

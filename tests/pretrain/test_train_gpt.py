@@ -189,7 +189,7 @@ def test_token_budget_dry_run(data_dir, tmp_path):
     assert summary["steps"] == 4 and summary["tokens"] == 256
     assert (cfg.run_dir / "checkpoint.pt").is_file()
     state = torch.load(cfg.run_dir / "checkpoint.pt", weights_only=True)
-    assert state["step"] == 4 and state["data"] == {"shard": 0, "offset": 4 * 64}
+    assert state["step"] == 4 and state["data"] == {"shard": 0, "offset": 4 * 4, "epoch": 0}  # 4 windows/step
 
 
 def test_sequence_longer_than_block_is_refused():

@@ -37,6 +37,9 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     dir: str = param("data/pretrain/sharegpt", "folder with train_*.bin, val_*.bin and manifest.json")
+    shuffle: bool = param(True, "train windows in a seeded random order per epoch (nanoGPT); false = llm.c's "
+                                "sequential order. Contiguous batches of small B*T hold one or two documents "
+                                "and give very noisy gradients")
     val_tokens: int = param(0, "tokens of the val split per evaluation; 0 = all "
                                "(FineWeb speedrun bar: 10485760)", ge=0)
 

@@ -85,24 +85,31 @@ def manifest_hash(data_dir: str | Path) -> str:
 
 @dataclass
 class StreamPosition:
-    """Where the stream will read next; saved in checkpoints so a resumed run sees the same tokens."""
+    """Where the stream will read next; saved in checkpoints so a resumed run sees the same tokens.
+    `offset` counts tokens in sequential order and windows (of the shard's permutation) in shuffled order."""
     shard: int = 0
     offset: int = 0
+    epoch: int = 0
 
 
 class TokenStream:
-    """Contiguous (B, T+1) windows over the shards, rank-strided like llm.c's DistributedDataLoader.
+    """(B, T) windows over the shards for one rank, in one global order shared by all ranks.
 
-    Each step the ranks read adjacent windows of B*T+1 tokens starting at `offset`; the offset then
-    advances by B*T*world. A shard too short for the next window rolls over to the next shard.
+    Sequential (llm.c's DistributedDataLoader): each step the ranks read adjacent spans of B*T+1 tokens
+    starting at `offset`, which then advances by B*T*world. Shuffled (`shuffle_seed` set; nanoGPT samples
+    random windows for the same reason): the shard is cut into T+1-token windows at stride T, served in a
+    permutation seeded by (seed, epoch, shard), rank r taking windows [offset + r*B, offset + (r+1)*B).
+    Either way the global batch of a step is the same for any split of it into ranks or micro-batches,
+    which is what makes DDP == one process and grad-accum == big batch hold exactly. A shard too short for
+    the next step's windows rolls over to the next shard, and past the last shard to a new epoch.
     """
 
     def __init__(self, files: list[Path], batch: int, seq: int, rank: int = 0, world: int = 1,
-                 position: StreamPosition | None = None):
+                 position: StreamPosition | None = None, shuffle_seed: int | None = None):
         self.files, self.B, self.T, self.rank, self.world = files, batch, seq, rank, world
-        self.pos = position or StreamPosition()
-        self._loaded = -1
-        self._tokens: np.ndarray | None = None
+        self.pos, self.shuffle_seed = position or StreamPosition(), shuffle_seed
+        self._loaded, self._tokens = -1, None
+        self._perm_key, self._perm = None, None
         need = batch * seq * world + 1
         if max(read_header(f) for f in files) < need:
             raise ShardError(f"every shard holds fewer than {need} tokens (batch*seq*world+1); "
@@ -113,15 +120,42 @@ class TokenStream:
             self._tokens, self._loaded = read_shard(self.files[self.pos.shard]), self.pos.shard
         return self._tokens
 
+    def _windows(self) -> np.ndarray:
+        key = (self.pos.epoch, self.pos.shard)
+        if self._perm_key != key:
+            n = (len(self._shard()) - 1) // self.T
+            self._perm = np.random.default_rng([self.shuffle_seed, *key]).permutation(n)
+            self._perm_key = key
+        return self._perm
+
+    def _next_shard(self) -> None:
+        nxt = self.pos.shard + 1
+        self.pos = StreamPosition(nxt % len(self.files), 0, self.pos.epoch + (nxt == len(self.files)))
+
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) int64 arrays of shape (B, T); y is x shifted by one token."""
+        rows = self._shuffled_rows() if self.shuffle_seed is not None else self._sequential_rows()
+        return np.array(rows[:, :-1]), np.array(rows[:, 1:])  # owned, writable, C-contiguous copies
+
+    def _sequential_rows(self) -> np.ndarray:
         span = self.B * self.T
         while self.pos.offset + span * self.world + 1 > len(self._shard()):
-            self.pos = StreamPosition((self.pos.shard + 1) % len(self.files), 0)
+            self._next_shard()
         start = self.pos.offset + self.rank * span
         buf = np.asarray(self._shard()[start:start + span + 1], dtype=np.int64)
-        self.pos = StreamPosition(self.pos.shard, self.pos.offset + span * self.world)
-        return buf[:-1].reshape(self.B, self.T), buf[1:].reshape(self.B, self.T)
+        self.pos = StreamPosition(self.pos.shard, self.pos.offset + span * self.world, self.pos.epoch)
+        return np.lib.stride_tricks.sliding_window_view(buf, self.T + 1)[::self.T]  # (B, T+1)
+
+    def _shuffled_rows(self) -> np.ndarray:
+        need = self.B * self.world
+        while self.pos.offset + need > len(self._windows()):
+            self._next_shard()
+        first = self.pos.offset + self.rank * self.B
+        tokens, T = self._shard(), self.T
+        rows = np.stack([np.asarray(tokens[w * T:w * T + T + 1], dtype=np.int64)
+                         for w in self._windows()[first:first + self.B]])
+        self.pos = StreamPosition(self.pos.shard, self.pos.offset + need, self.pos.epoch)
+        return rows
 
     def state(self) -> dict:
-        return {"shard": self.pos.shard, "offset": self.pos.offset}
+        return {"shard": self.pos.shard, "offset": self.pos.offset, "epoch": self.pos.epoch}

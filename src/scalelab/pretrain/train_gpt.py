@@ -141,7 +141,8 @@ def setup_distributed(cfg: PretrainConfig) -> tuple[int, int, torch.device]:
 
 def make_stream(cfg: PretrainConfig, split: str, rank: int, world: int, pos: StreamPosition | None = None):
     files = list_shards(cfg.data.dir, split)
-    return TokenStream(files, cfg.train.micro_batch_size, cfg.model.block_size, rank, world, pos)
+    seed = cfg.train.seed if (split == "train" and cfg.data.shuffle) else None  # val: always the same windows
+    return TokenStream(files, cfg.train.micro_batch_size, cfg.model.block_size, rank, world, pos, seed)
 
 
 def to_device(x, y, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
