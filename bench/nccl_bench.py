@@ -90,6 +90,8 @@ def init(backend: str) -> tuple[int, int, torch.device]:
 
 
 def git_sha() -> str:
+    if os.environ.get("SCALELAB_GIT_SHA"):  # a copy of the tree without .git (e.g. a lent GPU machine)
+        return os.environ["SCALELAB_GIT_SHA"]
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,

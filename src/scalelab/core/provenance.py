@@ -1,6 +1,7 @@
 """What a run records about where it ran: code version, packages, hardware, data, command."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ PACKAGES = ("scalelab", "torch", "numpy", "transformers", "tiktoken", "safetenso
 def git_sha(cwd: str | Path | None = None) -> str:
     """HEAD of the checkout holding this code, with '-dirty' when tracked files differ; 'unknown' outside git."""
     cwd = cwd or Path(__file__).resolve().parent
+    if os.environ.get("SCALELAB_GIT_SHA"):  # a copy of the tree without .git (e.g. a lent GPU machine)
+        return os.environ["SCALELAB_GIT_SHA"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()

@@ -77,6 +77,8 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = param("auto", "auto = cuda when available")
     dtype: Literal["auto", "float32", "bfloat16"] = param("auto", "autocast dtype; auto = bf16 on cuda, fp32 on cpu")
     compile: bool = param(False, "torch.compile the model")
+    compile_scope: Literal["model", "blocks"] = param("model", "compile the whole model, or each block and the "
+                                                               "head apart (torchtitan; suits FSDP2)")
     parallel: Literal["ddp", "fsdp2"] = param("ddp", "data-parallel wrapper when world size > 1")
     overfit_batch: bool = param(False, "sanity mode: train on the first batch only; loss must go to ~0")
     token_budget: int = param(0, "dry run: stop once this many tokens were trained on; 0 = no budget", ge=0)

@@ -107,6 +107,9 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
+        return self.head(x, targets)
+
+    def head(self, x: torch.Tensor, targets: torch.Tensor | None):
         # Padded vocab rows exist only for matmul shape; they are excluded from the softmax, so this
         # model and its exported 50257-row HF twin compute the same distribution.
         logits = self.lm_head(self.transformer.ln_f(x))[..., : self.cfg.vocab_size]
@@ -267,14 +270,22 @@ class MetricsLog:
                 os.fsync(f.fileno())
 
 
-def wrap_model(model: nn.Module, cfg: PretrainConfig, world: int, device: torch.device) -> nn.Module:
-    """FSDP2 shards each block then the root (Zhao et al. 2023); DDP replicates (Li et al. 2020)."""
+def wrap_model(model: nn.Module, cfg: PretrainConfig, world: int, device: torch.device, dtype) -> nn.Module:
+    """FSDP2 shards each block then the root (Zhao et al. 2023); DDP replicates (Li et al. 2020).
+    compile_scope 'blocks' compiles each block and the head apart (torchtitan's layout), which keeps
+    FSDP2's all-gather hooks outside the compiled graphs instead of breaking one graph at every block."""
+    if cfg.train.compile and cfg.train.compile_scope == "blocks":
+        for i, block in enumerate(model.transformer.h):
+            model.transformer.h[i] = torch.compile(block)  # checkpoint keys stay clean: DCP strips _orig_mod
+        model.head = torch.compile(model.head)
     if world > 1 and cfg.train.parallel == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        # bf16 params for compute and all-gathers (half the bytes), fp32 gradient reduce-scatter
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for block in model.transformer.h:
-            fully_shard(block)
-        fully_shard(model)
-    if cfg.train.compile:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    if cfg.train.compile and cfg.train.compile_scope == "model":
         model = torch.compile(model)
     if world > 1 and cfg.train.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -335,10 +346,10 @@ def train(cfg: PretrainConfig) -> dict:
     random.seed(cfg.train.seed)
     model = GPT(cfg.model).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    model = wrap_model(model, cfg, world, device)
-    optimizer = make_optimizer(model, cfg, device)
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
              "float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.train.dtype]
+    model = wrap_model(model, cfg, world, device, dtype)
+    optimizer = make_optimizer(model, cfg, device)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     ckpt, step, pos, state = run_dir / "checkpoint.pt", 0, None, None
     if cfg.train.resume and ckpt.is_file():
