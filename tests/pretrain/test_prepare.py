@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from scalelab.core.config import ConfigError, load_config
-from scalelab.pretrain.prepare import (PrepareConfig, add_prepare_arguments, prepare, run_prepare_from_args,
-                                       unigram_baseline)
+from scalelab.pretrain.prepare import (UNIGRAM_COUNTS_FILE, PrepareConfig, add_prepare_arguments, prepare,
+                                       run_prepare_from_args, unigram_baseline, unigram_cross_entropy)
 from scalelab.pretrain.shards import list_shards, manifest_hash, read_shard, write_shard
 from scalelab.pretrain.sources import SourceError, split_of, text_key
 from scalelab.pretrain.tokenizer import EOT, gpt2_encoding
@@ -117,7 +117,7 @@ def test_stale_outputs_are_replaced(tmp_path):
     (out / "notes.txt").write_text("keep me")
     prepare(_cfg(tmp_path, _jsonl(tmp_path / "d.jsonl", ["a doc"]), val_fraction=0.0))
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.txt", "tokenizer_roundtrip.json",
-                                                     "train_000000.bin"]
+                                                     "train_000000.bin", UNIGRAM_COUNTS_FILE]
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -169,6 +169,17 @@ def test_unigram_baseline_by_hand():
     assert base.train_entropy_nats == round(1.5 * math.log(2), 6) == 1.039721
     assert base.val_cross_entropy_nats == round(-(math.log(3 / 8) + math.log(1 / 8)) / 2, 6) == 1.530135
     assert base.val_cross_entropy_bits == round((math.log2(8 / 3) + 3) / 2, 6) == 2.207519
+    # the same q scored on an explicit token list: the report's "same tokens" baseline
+    assert unigram_cross_entropy(np.array([2, 1, 1, 0]), np.array([0, 3])) == pytest.approx(1.530135, abs=1e-6)
+
+
+def test_train_counts_file_matches_the_shards(tmp_path):
+    cfg = _cfg(tmp_path, _jsonl(tmp_path / "d.jsonl", ["Hello world, this is a test.", "The cat sat."]),
+               val_fraction=0.0)
+    prepare(cfg)
+    counts = np.load(tmp_path / "out" / UNIGRAM_COUNTS_FILE)
+    tokens = _split_tokens(tmp_path / "out", "train")
+    assert counts.sum() == len(tokens) == 14 and counts[EOT] == 2  # 2 EOTs + 8 + 4 tokens and counts[15496] == 1
 
 
 def test_config_validation_and_overrides(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,23 @@ def test_missing_metrics_names_the_file(tmp_path):
     (run / "metrics.jsonl").unlink()
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         build_report(run)
+
+
+def test_unigram_baseline_is_scored_on_the_evaluated_val_tokens(tmp_path):
+    import numpy as np
+    from scalelab.pretrain.prepare import UNIGRAM_COUNTS_FILE, save_counts
+    from scalelab.pretrain.report import unigram_baseline
+    from scalelab.pretrain.shards import write_shard
+    data = tmp_path / "data"
+    data.mkdir()
+    write_shard(data / "train_000000.bin", np.array([0, 0, 1, 2]))
+    val = [3, 0, 3, 1, 2, 2, 2, 2, 2, 0, 1, 1, 3, 3, 0, 0, 2, 1, 1, 1]
+    write_shard(data / "val_000000.bin", np.array(val))
+    save_counts(data / UNIGRAM_COUNTS_FILE, np.array([2, 1, 1, 0]))
+    cfg = load_pretrain_config(None, [f"data.dir={str(data)!r}", "data.val_tokens=16", "model.block_size=8",
+                                      "train.micro_batch_size=1", "model.vocab_size=4", "model.padded_vocab_size=4"])
+    # val_tokens=16 at B*T=8: two windows whose targets are val[1:17]; q = (c+1)/(4+4) = (3/8, 2/8, 2/8, 1/8)
+    q = {0: 3 / 8, 1: 2 / 8, 2: 2 / 8, 3: 1 / 8}
+    expected = -sum(math.log(q[t]) for t in val[1:17]) / 16
+    assert unigram_baseline(cfg, world=1) == pytest.approx(expected)
+    assert unigram_baseline(cfg, world=2) == pytest.approx(expected)  # two ranks score the same windows

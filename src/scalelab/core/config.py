@@ -166,18 +166,23 @@ def _nest(path: list[str], value: Any) -> dict:
     return out
 
 
+def read_toml(path: str | Path, what: str = "config file") -> dict:
+    """A TOML file as a dict, or a ConfigError that names the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} not found: {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{what} {path} is not valid TOML: {e}") from None
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> T:
     """Defaults of `cls`, updated by the TOML file at `path`, then by each `key=value` override."""
     data: dict = {}
     origin = "defaults"
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        data = read_toml(path)
         origin = str(path)
         _build(cls, data, origin)  # report file errors against the file before overrides apply
     for text in overrides:

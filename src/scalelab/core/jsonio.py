@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
-def _clean(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     # JSON has no NaN/inf: write them as strings so a diverged value is kept, not a parse error later.
     if isinstance(obj, float) and not math.isfinite(obj):
         return str(obj)
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
@@ -23,7 +23,7 @@ def write_json(path: str | Path, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n")
+    tmp.write_text(json.dumps(json_safe(obj), indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
 
 
@@ -40,7 +40,7 @@ def read_json(path: str | Path) -> Any:
 def append_jsonl(path: str | Path, obj: Any) -> None:
     """One line per event, flushed and fsynced: a killed process keeps every finished line."""
     with open(path, "a") as f:
-        f.write(json.dumps(_clean(obj)) + "\n")
+        f.write(json.dumps(json_safe(obj)) + "\n")
         f.flush()
         os.fsync(f.fileno())
 

@@ -32,6 +32,7 @@ from scalelab.pretrain.tokenizer import (EOT, GPT2_VOCAB, TokenizerError, gpt2_e
                                          tokenizer_sha256)
 
 FORMAT = "llm.c-uint16-v1"
+UNIGRAM_COUNTS_FILE = "unigram_train_counts.npy"
 SPLITS = ("train", "val")
 
 
@@ -306,6 +307,19 @@ def unigram_baseline(train_counts: np.ndarray, val_counts: np.ndarray) -> Unigra
                            val_cross_entropy_nats=_round(ce), val_cross_entropy_bits=_round(ce, math.log(2)))
 
 
+def save_counts(path: Path, counts: np.ndarray) -> None:
+    """Train token counts, so a report can score the unigram baseline on exactly the tokens it evaluated."""
+    tmp = path.with_name(path.name + ".tmp.npy")
+    np.save(tmp, counts.astype(np.int64))
+    os.replace(tmp, path)
+
+
+def unigram_cross_entropy(train_counts: np.ndarray, targets: np.ndarray) -> float:
+    """Mean -ln q(t) over `targets` under the add-one-smoothed train unigram q (as in `unigram_baseline`)."""
+    log_q = np.log((train_counts + 1.0) / (int(train_counts.sum()) + train_counts.size))
+    return float(-log_q[targets].mean())
+
+
 def _round(nats: float | None, per: float = 1.0) -> float | None:
     return None if nats is None else round(nats / per, 6)
 
@@ -343,6 +357,7 @@ def prepare(cfg: PrepareConfig) -> Manifest:
         duplicates_dropped=tally.duplicates, empty_documents_dropped=tally.empty,
         tokens={split: writers[split].tokens for split in SPLITS}, shards=shards,
         unigram_baseline=unigram_baseline(writers["train"].counts, writers["val"].counts))
+    save_counts(out_dir / UNIGRAM_COUNTS_FILE, writers["train"].counts)
     write_json(out_dir / "tokenizer_roundtrip.json", dataclasses.asdict(report) | {"all_ok": report.all_ok})
     write_json(out_dir / "manifest.json", manifest.to_dict())
     return manifest

@@ -15,6 +15,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from scalelab.core.hardware import HARDWARE, get_hardware
 from scalelab.core.rundir import RunDir
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
@@ -203,8 +205,19 @@ def cost_summary(sessions: list[list[dict]], world: int, price: tuple[float | No
                        cost_usd=None if per_hour is None else hours * per_hour, is_cpu=is_cpu)
 
 
-def unigram_baseline(cfg: PretrainConfig) -> float | None:
-    """The data manifest's unigram val cross-entropy, when prepare recorded it: the loss to beat first."""
+def unigram_baseline(cfg: PretrainConfig, world: int) -> float | None:
+    """The loss to beat first: the train-unigram cross-entropy of exactly the val tokens the trainer scores
+    (its first val windows), when the data folder and its counts file are at hand; else the manifest's
+    figure for the whole val split; else None."""
+    from scalelab.pretrain.prepare import UNIGRAM_COUNTS_FILE, unigram_cross_entropy
+    counts = Path(cfg.data.dir) / UNIGRAM_COUNTS_FILE
+    if counts.is_file():
+        from scalelab.pretrain.train_gpt import make_stream, val_steps
+        targets = []
+        for rank in range(world):
+            stream = make_stream(cfg, "val", rank, world)
+            targets += [stream.next_batch()[1].ravel() for _ in range(val_steps(cfg, world))]
+        return unigram_cross_entropy(np.load(counts), np.concatenate(targets))
     path = Path(cfg.data.dir) / "manifest.json"
     if not path.is_file():
         return None
@@ -270,7 +283,7 @@ def summarize(run_dir: str | Path) -> ReportData:
         schedule=schedule_summary(cfg, world),
         comparisons=comparisons(pred, tps, step_ms, max(mems) if mems else None, final_val),
         cost=cost_summary(sessions, world, price_for(cfg, device, pred, prov)),
-        unigram_val_loss=unigram_baseline(cfg), predictions_sha256=sha,
+        unigram_val_loss=unigram_baseline(cfg, world), predictions_sha256=sha,
         predictions_logged_before_run=predictions_logged(events, sha), prediction=pred,
         provenance=provenance_summary(prov, starts[-1] if starts else {}))
 
@@ -294,7 +307,7 @@ def plot_loss(data: ReportData, path: Path) -> Path:
     if data.val_curve:
         ax.plot([t for _, t, _ in data.val_curve], [v for _, _, v in data.val_curve], "o-", label="val")
     if data.unigram_val_loss is not None:
-        ax.axhline(data.unigram_val_loss, ls="--", color="gray", label="unigram baseline (val)")
+        ax.axhline(data.unigram_val_loss, ls="--", color="gray", label="unigram baseline (same val tokens)")
     if data.prediction is not None and data.tokens:
         loss = data.prediction.loss
         ax.errorbar([loss.train_tokens], [loss.final_loss], fmt="s", color="red", label="predicted final val",
@@ -353,7 +366,7 @@ def _summary_md(d: ReportData) -> list[str]:
             f"{params} parameters on `{d.device}` x {d.schedule.world_size}; {d.cost.sessions} session(s), "
             f"{d.resumes} resume(s).", "",
             f"Final train loss {_num(d.final_train_loss, 'nats/token')}, final val loss "
-            f"{_num(d.final_val_loss, 'nats/token')} nats/token; unigram baseline on val: {unigram}.", ""]
+            f"{_num(d.final_val_loss, 'nats/token')} nats/token; unigram baseline on the same val tokens: {unigram}.", ""]
 
 
 def _comparison_md(d: ReportData) -> list[str]:
