@@ -1,0 +1,207 @@
+"""Serving metrics from a list of RequestResult: pure functions, no I/O.
+
+Definitions (all over the measured requests: warm-up requests are dropped first):
+- duration: first send -> last completion (send_time_s + e2e_s), failed requests included.
+- throughput: successful requests / duration; output tokens (usage) / duration; (prompt + output) / duration.
+- TTFT, E2E: per successful request. ITL: every inter-chunk gap of every successful request, pooled.
+  TPOT per request = (e2e - ttft) / (output_tokens - 1), for requests with >= 2 output tokens.
+- percentiles: numpy's default linear interpolation between order statistics (p of x_(1..n) sits at rank
+  1 + p(n-1)); p50 of [0.1, 0.2, 0.3, 0.4] = 0.25. Failed requests never enter a latency percentile.
+- goodput: see `meets_slo`; counted over ALL measured requests, so a failure counts against it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from scalelab.serve.client import RequestResult
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_s: float = 2.0
+    itl_s: float = 0.100
+    itl_quantile: float = 0.99  # which per-request gap is judged; see meets_slo
+    attainment: float = 0.90  # share of requests that must meet it for a rate to "meet the SLO"
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    n: int
+    mean_s: float
+    p50_s: float
+    p90_s: float
+    p99_s: float
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    completed: int
+    failed: int
+    duration_s: float
+    request_throughput_rps: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    ttft: LatencyStats
+    itl: LatencyStats
+    tpot: LatencyStats
+    e2e: LatencyStats
+    goodput_rps: float
+    goodput_share: float  # of all measured requests
+
+
+def latency_stats(values: Sequence[float]) -> LatencyStats:
+    """Mean and p50/p90/p99 (linear interpolation); NaN for no values."""
+    if len(values) == 0:
+        return LatencyStats(0, math.nan, math.nan, math.nan, math.nan)
+    a = np.asarray(values, dtype=float)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return LatencyStats(len(a), float(a.mean()), float(p50), float(p90), float(p99))
+
+
+def tpot_s(r: RequestResult) -> float | None:
+    """Time per output token after the first: (e2e - ttft) / (output_tokens - 1); None below 2 tokens."""
+    return (r.e2e_s - r.ttft_s) / (r.output_tokens - 1) if r.output_tokens >= 2 else None
+
+
+def request_itl_s(r: RequestResult, quantile: float) -> float:
+    """The gap judged for one request: the `quantile` of its gaps by the "higher" order statistic (rank
+    ceil(1 + q(n-1))), so never an interpolated value; with q = 0.99 and n <= 100 gaps this is the max gap.
+    0 for a request with no gaps (one output chunk)."""
+    if not r.itl_s:
+        return 0.0
+    return float(np.quantile(np.asarray(r.itl_s), quantile, method="higher"))
+
+
+def meets_slo(r: RequestResult, slo: SLO) -> bool:
+    """A request meets the SLO iff it succeeded, ttft_s <= slo.ttft_s, and its `request_itl_s` (by default
+    its 99th-percentile inter-token gap, = its max gap for <= 100 gaps) is <= slo.itl_s."""
+    return r.success and r.ttft_s <= slo.ttft_s and request_itl_s(r, slo.itl_quantile) <= slo.itl_s
+
+
+def measured(results: Sequence[RequestResult]) -> list[RequestResult]:
+    return [r for r in results if not r.warmup]
+
+
+def duration_s(results: Sequence[RequestResult]) -> float:
+    if not results:
+        return 0.0
+    return max(r.send_time_s + r.e2e_s for r in results) - min(r.send_time_s for r in results)
+
+
+def _per_s(x: float, seconds: float) -> float:
+    return x / seconds if seconds > 0 else math.nan
+
+
+def summarize(results: Sequence[RequestResult], slo: SLO = SLO()) -> RunMetrics:
+    """Every metric of one run; warm-up requests are excluded before anything is counted."""
+    rs = measured(results)
+    ok = [r for r in rs if r.success]
+    dur = duration_s(rs)
+    out_tokens = sum(r.output_tokens for r in ok)
+    good = sum(meets_slo(r, slo) for r in rs)
+    return RunMetrics(
+        completed=len(ok), failed=len(rs) - len(ok), duration_s=dur,
+        request_throughput_rps=_per_s(len(ok), dur), output_tokens_per_s=_per_s(out_tokens, dur),
+        total_tokens_per_s=_per_s(out_tokens + sum(r.prompt_tokens for r in ok), dur),
+        ttft=latency_stats([r.ttft_s for r in ok]),
+        itl=latency_stats([g for r in ok for g in r.itl_s]),
+        tpot=latency_stats([t for r in ok if (t := tpot_s(r)) is not None]),
+        e2e=latency_stats([r.e2e_s for r in ok]),
+        goodput_rps=_per_s(good, dur), goodput_share=good / len(rs) if rs else math.nan)
+
+
+# ---------------------------------------------------------------------------------------------
+# cost
+
+# Illustrative $ per 1M output tokens, to be edited by the user: example list prices noted in late 2025
+# for orientation only, not current facts. Pass your own table to compare_to_api.
+EXAMPLE_API_PRICES_USD_PER_1M_OUTPUT: dict[str, float] = {
+    "example-small-model-api": 0.60,
+    "example-mid-model-api": 2.00,
+    "example-frontier-model-api": 10.00,
+}
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    gpu_hours_per_1m_output_tokens: float
+    usd_per_1m_output_tokens: float
+
+
+def cost_per_1m_output(output_tokens: int, duration_s: float, n_gpus: int, usd_per_gpu_hour: float) -> CostEstimate:
+    """GPU-hours per 1M output tokens = n_gpus * duration_h / (output_tokens / 1e6); $ = that * $/GPU-hour."""
+    if output_tokens <= 0:
+        return CostEstimate(math.inf, math.inf)
+    gpu_hours = n_gpus * (duration_s / 3600.0) / (output_tokens / 1e6)
+    return CostEstimate(gpu_hours, gpu_hours * usd_per_gpu_hour)
+
+
+def compare_to_api(usd_per_1m: float, prices: Mapping[str, float] = EXAMPLE_API_PRICES_USD_PER_1M_OUTPUT
+                   ) -> dict[str, float]:
+    """{api name: our $/1M divided by its $/1M}: < 1 means self-hosting is cheaper at this load."""
+    return {name: usd_per_1m / price for name, price in prices.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# repeats
+
+
+@dataclass(frozen=True)
+class Spread:
+    n: int
+    mean: float
+    std: float  # sample standard deviation (ddof = 1)
+    min: float
+    max: float
+
+
+def spread(values: Sequence[float], min_repeats: int = 3) -> Spread:
+    """Mean, sample std, min, max of one metric over repeated runs of the same row."""
+    if len(values) < min_repeats:
+        raise ValueError(f"spread: {len(values)} repeats; need at least {min_repeats}")
+    a = np.asarray(values, dtype=float)
+    return Spread(len(a), float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0,
+                  float(a.min()), float(a.max()))
+
+
+# ---------------------------------------------------------------------------------------------
+# the highest request rate that meets the SLO
+
+
+@dataclass(frozen=True)
+class RateSearch:
+    rate_rps: float  # highest probed rate whose goodput share >= target; 0.0 if even `lo` misses
+    share_at_rate: float
+    probes: tuple[tuple[float, float], ...]  # (rate, goodput share) in probe order
+
+
+def find_max_rate(run_at_rate: Callable[[float], float], slo: SLO, lo_rps: float, hi_rps: float,
+                  rel_tol: float = 0.05, max_probes: int = 12) -> RateSearch:
+    """The highest request rate whose goodput share is >= slo.attainment, by bisection on log(rate) (midpoint
+    = geometric mean), assuming the share falls as the rate rises. `run_at_rate(rate)` runs a load and
+    returns its goodput share (`summarize(...).goodput_share` at that `slo`). Stops when hi/lo - 1 <= rel_tol
+    or after max_probes runs."""
+    if not 0 < lo_rps < hi_rps:
+        raise ValueError(f"find_max_rate: need 0 < lo_rps < hi_rps, got {lo_rps}, {hi_rps}")
+    target_share = slo.attainment
+    probes: list[tuple[float, float]] = []
+
+    def probe(rate: float) -> bool:
+        share = run_at_rate(rate)
+        probes.append((rate, share))
+        return share >= target_share
+
+    if not probe(lo_rps):
+        return RateSearch(0.0, probes[0][1], tuple(probes))
+    if probe(hi_rps):
+        return RateSearch(hi_rps, probes[1][1], tuple(probes))
+    good, bad = lo_rps, hi_rps
+    while bad / good - 1 > rel_tol and len(probes) < max_probes:
+        mid = math.sqrt(good * bad)  # geometric: rates worth probing span orders of magnitude
+        good, bad = (mid, bad) if probe(mid) else (good, mid)
+    share = next(s for r, s in probes if r == good)
+    return RateSearch(good, share, tuple(probes))

@@ -1,0 +1,111 @@
+"""Serving metrics on hand-made records, every expected value computed by hand in the comments."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scalelab.serve.client import RequestResult
+from scalelab.serve.metrics import (
+    SLO, compare_to_api, cost_per_1m_output, find_max_rate, latency_stats, meets_slo, request_itl_s, spread,
+    summarize, tpot_s,
+)
+
+
+def rec(i: int, send: float, ttft: float, itl: tuple[float, ...], e2e: float, out: int, prompt: int = 10,
+        success: bool = True, warmup: bool = False) -> RequestResult:
+    return RequestResult(request_id=i, send_time_s=send, ttft_s=ttft, itl_s=itl, e2e_s=e2e, output_tokens=out,
+                         prompt_tokens=prompt, success=success, error="" if success else "HTTP 500: x",
+                         warmup=warmup)
+
+
+def test_percentiles_are_linear_interpolation():
+    s = latency_stats([0.1, 0.2, 0.3, 0.4])
+    # rank 1 + p(n-1): p50 -> 2.5 -> 0.25; p90 -> 3.7 -> 0.37; p99 -> 3.97 -> 0.397
+    assert (s.n, s.mean_s) == (4, pytest.approx(0.25))
+    assert (s.p50_s, s.p90_s, s.p99_s) == (pytest.approx(0.25), pytest.approx(0.37), pytest.approx(0.397))
+    assert math.isnan(latency_stats([]).p50_s)
+
+
+def test_tpot_per_request():
+    assert tpot_s(rec(0, 0, 0.2, (0.2,) * 4, 1.0, 5)) == pytest.approx(0.2)  # (1.0 - 0.2) / (5 - 1)
+    assert tpot_s(rec(0, 0, 0.2, (), 0.2, 1)) is None
+
+
+def test_request_itl_is_p99_gap_which_is_the_max_below_101_gaps():
+    assert request_itl_s(rec(0, 0, 0.1, (0.01, 0.5, 0.02), 1, 4), 0.99) == 0.5
+    gaps = tuple([0.01] * 198 + [0.5, 0.6])  # 200 gaps: rank ceil(1 + 0.99*199) = 199 (1-based) -> 0.5
+    assert request_itl_s(rec(0, 0, 0.1, gaps, 1, 201), 0.99) == 0.5
+    assert request_itl_s(rec(0, 0, 0.1, (), 1, 1), 0.99) == 0.0
+
+
+def test_meets_slo_boundaries():
+    slo = SLO(ttft_s=2.0, itl_s=0.1)
+    assert meets_slo(rec(0, 0, 2.0, (0.1, 0.1), 2.2, 3), slo)  # both at the limit: inclusive
+    assert not meets_slo(rec(0, 0, 2.01, (0.1,), 2.2, 2), slo)
+    assert not meets_slo(rec(0, 0, 0.5, (0.05, 0.11), 0.7, 3), slo)
+    assert not meets_slo(rec(0, 0, 0.5, (0.05,), 0.7, 2, success=False), slo)
+
+
+def test_summarize_hand_computed_run():
+    rs = [
+        rec(0, 0.0, 9.0, (9.0,), 9.0, 2, warmup=True),  # warm-up: ignored everywhere
+        rec(1, 0.0, 0.1, (0.05, 0.05), 0.2, 3, prompt=7),  # meets SLO; TPOT (0.2-0.1)/2 = 0.05
+        rec(2, 1.0, 0.3, (0.2, 0.1), 0.6, 3, prompt=5),  # ITL max 0.2 > 0.1: misses; TPOT 0.15
+        rec(3, 2.0, 0.2, (0.1,), 2.0, 2, prompt=8),  # ends last at 4.0; meets; TPOT 1.8
+        rec(4, 3.0, 0.0, (), 0.5, 0, success=False),  # failure: counts against goodput only
+    ]
+    m = summarize(rs, SLO())
+    assert (m.completed, m.failed) == (3, 1)
+    assert m.duration_s == pytest.approx(4.0)  # first send 0.0 -> last completion 2.0 + 2.0
+    assert m.request_throughput_rps == pytest.approx(3 / 4)
+    assert m.output_tokens_per_s == pytest.approx(8 / 4)  # 3 + 3 + 2 output tokens
+    assert m.total_tokens_per_s == pytest.approx((8 + 20) / 4)  # + 7 + 5 + 8 prompt tokens
+    assert m.ttft.p50_s == pytest.approx(0.2) and m.ttft.mean_s == pytest.approx(0.2)
+    assert m.itl.n == 5 and m.itl.mean_s == pytest.approx(0.5 / 5)  # pooled gaps 0.05 0.05 0.2 0.1 0.1
+    assert m.itl.p50_s == pytest.approx(0.1)
+    assert m.tpot.mean_s == pytest.approx((0.05 + 0.15 + 1.8) / 3)
+    assert m.e2e.p50_s == pytest.approx(0.6)
+    assert m.goodput_share == pytest.approx(2 / 4)  # requests 1 and 3 of 4 measured
+    assert m.goodput_rps == pytest.approx(2 / 4)
+
+
+def test_cost_per_million_output_tokens():
+    # 8 GPUs for 1800 s = 4 GPU-hours for 2M tokens -> 2 GPU-h per 1M; at $3/GPU-h -> $6 per 1M
+    c = cost_per_1m_output(output_tokens=2_000_000, duration_s=1800, n_gpus=8, usd_per_gpu_hour=3.0)
+    assert c.gpu_hours_per_1m_output_tokens == pytest.approx(2.0)
+    assert c.usd_per_1m_output_tokens == pytest.approx(6.0)
+    assert compare_to_api(6.0, {"a": 2.0, "b": 12.0}) == {"a": pytest.approx(3.0), "b": pytest.approx(0.5)}
+    assert math.isinf(cost_per_1m_output(0, 10, 1, 1.0).usd_per_1m_output_tokens)
+
+
+def test_spread_of_repeats():
+    s = spread([1.0, 2.0, 3.0])
+    assert (s.n, s.mean, s.min, s.max) == (3, 2.0, 1.0, 3.0)
+    assert s.std == pytest.approx(1.0)  # sample std: sqrt(((-1)^2 + 0 + 1^2) / 2)
+    with pytest.raises(ValueError, match="need at least 3"):
+        spread([1.0, 2.0])
+
+
+def test_find_max_rate_on_a_synthetic_knee():
+    # goodput share 1.0 up to 37 req/s, then 0.5: the search must bracket 37 within 5%
+    calls = []
+
+    def run(rate: float) -> float:
+        calls.append(rate)
+        return 1.0 if rate <= 37.0 else 0.5
+
+    out = find_max_rate(run, SLO(attainment=0.9), lo_rps=1.0, hi_rps=256.0, rel_tol=0.05, max_probes=20)
+    assert 37.0 / 1.05 <= out.rate_rps <= 37.0
+    assert out.share_at_rate == 1.0
+    assert [r for r, _ in out.probes] == calls and calls[:2] == [1.0, 256.0]
+
+
+def test_find_max_rate_edges():
+    assert find_max_rate(lambda r: 0.0, SLO(), 1.0, 10.0).rate_rps == 0.0
+    top = find_max_rate(lambda r: 1.0, SLO(), 1.0, 10.0)
+    assert top.rate_rps == 10.0 and len(top.probes) == 2
+    capped = find_max_rate(lambda r: 1.0 if r <= 3.0 else 0.0, SLO(), 1.0, 1000.0, rel_tol=1e-9, max_probes=5)
+    assert len(capped.probes) == 5 and capped.rate_rps <= 3.0
+    with pytest.raises(ValueError, match="lo_rps < hi_rps"):
+        find_max_rate(lambda r: 1.0, SLO(), 5.0, 5.0)
