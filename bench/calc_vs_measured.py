@@ -21,7 +21,7 @@ import hashlib
 import json
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from scalelab.calc.calibration import CollectiveFit, load_calibration

@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import math
 import sys
 from typing import Any, Callable
 
@@ -27,6 +26,7 @@ from scalelab.calc.presets import PRESETS, get_model
 from scalelab.calc.report import disagg_sentences, disagg_tables, render, train_sentences, train_tables
 from scalelab.calc.servemodel import MeasuredRates, ServeSetup, load_measured
 from scalelab.calc.workload import DISTRIBUTIONS, WORKLOADS, LengthDist, Workload, get_workload
+from scalelab.core.jsonio import json_safe
 from scalelab.core.config import ConfigError
 from scalelab.core.hardware import HARDWARE
 
@@ -172,18 +172,8 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def _dumps(obj: Any) -> str:
-    return json.dumps(_finite(obj), indent=2)
+    return json.dumps(json_safe(obj), indent=2)
 
 
 # ---------------------------------------------------------------------------------------------

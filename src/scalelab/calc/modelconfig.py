@@ -11,12 +11,11 @@ Two shapes are accepted, both under a [model] table or at the top level:
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from scalelab.calc.models import ATTENTION_KINDS, MLP_KINDS, ModelSpec
-from scalelab.core.config import ConfigError, config_from_dict, param
+from scalelab.core.config import config_from_dict, param, read_toml
 
 ALIASES = {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "kv_heads": "n_kv_heads",
            "ffn": "d_ff", "vocab": "vocab_size", "experts": "n_experts", "shared_experts": "n_shared_experts",
@@ -76,12 +75,7 @@ def _from_pretrain(t: dict, name: str) -> dict:
 
 def load_model_file(path: str | Path) -> tuple[ModelSpec, BatchDefaults]:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"model config not found: {path}")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"model config {path} is not valid TOML: {e}") from None
+    data = read_toml(path, what="model config")
     table = data.get("model", data)
     if "n_layer" in table or "n_embd" in table or any(k in data for k in ("train", "optim", "schedule")):
         fields, train = _from_pretrain(table, path.stem), data.get("train", {})
