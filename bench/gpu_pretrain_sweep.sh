@@ -7,12 +7,12 @@ set -uo pipefail
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; STEPS=${STEPS:-15}; DATA=${DATA:-.gpu-data/sharegpt}
 # name layers heads width block micro_batch
-CONFIGS=("124m-b16 12 12 768 1024 16" "124m-b32 12 12 768 1024 32" "124m-b64 12 12 768 1024 64"
-         "124m-t2048-b16 12 12 768 2048 16" "350m-b32 24 16 1024 1024 32" "774m-b16 36 20 1280 1024 16")
+CONFIGS=("124m-b64 12 12 768 1024 64" "350m-b32 24 16 1024 1024 32" "124m-b16 12 12 768 1024 16"
+         "124m-b32 12 12 768 1024 32" "774m-b16 36 20 1280 1024 16" "124m-t2048-b16 12 12 768 2048 16")
 for c in "${CONFIGS[@]}"; do
   read -r name L H D T B <<< "$c"
   start=$(date +%s)
-  timeout 150 python3 src/scalelab/pretrain/train_gpt.py --config configs/pretrain/gpt2-124m-fineweb-edu.toml \
+  timeout 120 python3 src/scalelab/pretrain/train_gpt.py --config configs/pretrain/gpt2-124m-fineweb-edu.toml \
     --set "data.dir=\"$DATA\"" --set run.out_dir=\"/tmp/sweep\" --set run.name=\"$name\" --set run.gpu=\"h200\" \
     --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$D --set model.block_size=$T \
     --set train.micro_batch_size=$B --set train.total_batch_tokens=0 --set train.max_steps=$STEPS \
