@@ -300,6 +300,17 @@ def _figure():
     return fig, fig.add_subplot(1, 1, 1)
 
 
+def _save(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
 def plot_loss(data: ReportData, path: Path) -> Path:
     fig, ax = _figure()
     if data.train_curve:
@@ -312,14 +323,7 @@ def plot_loss(data: ReportData, path: Path) -> Path:
         loss = data.prediction.loss
         ax.errorbar([loss.train_tokens], [loss.final_loss], fmt="s", color="red", label="predicted final val",
                     yerr=[[loss.final_loss - loss.final_loss_low], [loss.final_loss_high - loss.final_loss]])
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title(f"{data.run_name}: loss")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _save(fig, ax, "tokens", "loss (nats/token)", f"{data.run_name}: loss", path)
 
 
 def plot_lr(data: ReportData, cfg: PretrainConfig, path: Path) -> Path:
@@ -330,14 +334,7 @@ def plot_lr(data: ReportData, cfg: PretrainConfig, path: Path) -> Path:
     ax.plot([s + 1 for s in steps], [lr_at(s, cfg) for s in steps], lw=1, label=f"planned ({cfg.schedule.kind})")
     if data.lr_curve:
         ax.plot([s for s, _ in data.lr_curve], [v for _, v in data.lr_curve], ".", ms=3, label="logged")
-    ax.set_xlabel("step")
-    ax.set_ylabel("learning rate")
-    ax.set_title(f"{data.run_name}: LR schedule")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _save(fig, ax, "step", "learning rate", f"{data.run_name}: LR schedule", path)
 
 
 # ---------------------------------------------------------------------------------------------
