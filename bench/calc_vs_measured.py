@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`scalelab calc train` predictions against the steps measured on 2 x H200 (issue 7, item 2). No GPU needed.
+"""`scalelab calc train` predictions against the steps measured on 2 x H200. No GPU needed.
 
     python bench/calc_vs_measured.py                  # writes results/h200/calc_vs_measured.json, prints Markdown
 
@@ -31,7 +31,7 @@ from scalelab.calc.plan import estimate_step
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = "results/h200/calc_vs_measured.json"
-GOAL = 0.15                         # issue 7 item 2: "goal within +-15% of measured"
+GOAL = 0.15                         # the calibration goal: predicted step within +-15% of measured
 
 NCCL = "results/h200/nccl_collectives.json"
 S1 = "results/h200/pretrain_124m_1gpu_ddp_fsdp2.json"              # session 1: whole-model compile

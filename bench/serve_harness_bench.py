@@ -15,7 +15,7 @@ The client runs here, open loop, recording every result to a JSONL file as a rea
     (asyncio's timer wakes late: epoll rounds its timeout up to whole ms), and
   - client + transport = client TTFT - that realised delay: pool/connect, request write, the server's read
     and parse of the request, loopback delivery, the client's SSE parsing.
-Goals (from the serving issue): shortfall < 2 %, added TTFT < 1 ms.
+Goals: shortfall < 2 %, added TTFT < 1 ms.
 """
 from __future__ import annotations
 

@@ -73,8 +73,11 @@ def detect_hardware() -> Hardware:
     return HARDWARE["cpu"]
 
 
-def resolve_hardware(key: str) -> Hardware:
-    return detect_hardware() if key == "auto" else get_hardware(key)
+def resolve_hardware(key: str, device_type: str | None = None) -> Hardware:
+    """A table key as given; 'auto' = the CPU entry when the run is on the CPU, else the detected device."""
+    if key != "auto":
+        return get_hardware(key)
+    return HARDWARE["cpu"] if device_type == "cpu" else detect_hardware()
 
 
 def host_description() -> dict:

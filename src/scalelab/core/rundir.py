@@ -39,9 +39,6 @@ class RunDir:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def exists(self) -> bool:
-        return self.config_path.is_file()
-
     # writing ---------------------------------------------------------------------------------
     def create(self, cfg: Any) -> "RunDir":
         self.path.mkdir(parents=True, exist_ok=True)

@@ -133,8 +133,5 @@ def save_config(cfg: PretrainConfig, path: str | Path) -> None:
 
 def peak_flops(device, gpu_key: str = "auto") -> float:
     """Dense bf16 peak FLOP/s of one device from the hardware table, for MFU (PaLM appendix B)."""
-    from scalelab.core.hardware import detect_hardware, get_hardware
-    hw = get_hardware(gpu_key) if gpu_key != "auto" else detect_hardware()
-    if getattr(device, "type", str(device)) == "cpu" and gpu_key == "auto":
-        hw = get_hardware("cpu")
-    return hw.bf16_flops
+    from scalelab.core.hardware import resolve_hardware
+    return resolve_hardware(gpu_key, getattr(device, "type", str(device))).bf16_flops

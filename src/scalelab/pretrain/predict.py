@@ -14,12 +14,10 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from scalelab.core.hardware import Hardware, detect_hardware, get_hardware
+from scalelab.core.hardware import Hardware, resolve_hardware
 from scalelab.core.rundir import RunDir
 from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config
-# LossPoint and fit_scaling_law are re-exported: the ladder fit (issue 3) feeds predict() through them.
-from scalelab.pretrain.scaling_law import (CHINCHILLA_PRIOR, LossPoint, ScalingLaw, fit_scaling_law,  # noqa: F401
-                                           load_scaling_law)
+from scalelab.pretrain.scaling_law import CHINCHILLA_PRIOR, ScalingLaw, load_scaling_law
 from scalelab.pretrain.train_gpt import flops_per_token
 
 GIB = 2**30
@@ -135,11 +133,8 @@ def count_params(m: ModelConfig) -> int:
 
 def resolve_target(cfg: PretrainConfig, hardware_key: str) -> Hardware:
     """'auto' -> run.gpu if set, else the CPU when train.device says so, else the detected accelerator."""
-    if hardware_key != "auto":
-        return get_hardware(hardware_key)
-    if cfg.run.gpu != "auto":
-        return get_hardware(cfg.run.gpu)
-    return get_hardware("cpu") if cfg.train.device == "cpu" else detect_hardware()
+    key = hardware_key if hardware_key != "auto" else cfg.run.gpu
+    return resolve_hardware(key, "cpu" if cfg.train.device == "cpu" else None)
 
 
 def train_dtype(cfg: PretrainConfig, hw: Hardware) -> str:
