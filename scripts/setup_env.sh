@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade "pip==24.3.1"
 .venv/bin/python -m pip install -q -c constraints.txt "torch==2.13.0"
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[hub,track,test]"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[hub,track,test,tune,eval]"
 .venv/bin/python - <<'PY'
 import torch
 assert torch.__version__.startswith("2.13.0"), f"unexpected torch {torch.__version__}"
