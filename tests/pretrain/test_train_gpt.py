@@ -196,3 +196,33 @@ def test_sequence_longer_than_block_is_refused():
     model = train_gpt.GPT(load_pretrain_config(None, TINY).model)
     with pytest.raises(ValueError, match="exceeds model.block_size=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_fp8_linear_matches_float_linear_within_fp8_error():
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(64, 48)
+    fp8 = torch.nn.Linear(64, 48)
+    fp8.load_state_dict(ref.state_dict())
+    fp8.__class__ = train_gpt.FP8Linear
+    x = torch.randn(4, 8, 64)
+    (y_ref, y8) = ref(x), fp8(x)
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
+    # e4m3 keeps 3 mantissa bits (relative step 2^-4 per element); errors average down over K=64 products
+    assert y8.shape == y_ref.shape and rel(y8.float(), y_ref) < 0.05
+    g = torch.randn_like(y_ref)
+    (y_ref * g).sum().backward()
+    (y8.float() * g).sum().backward()
+    assert rel(fp8.weight.grad, ref.weight.grad) < 0.1 and rel(fp8.bias.grad, ref.bias.grad) < 1e-2  # bf16 output
+    assert fp8.weight.grad.dtype == torch.float32
+    assert rel(fp8.weight.grad, torch.zeros_like(ref.weight.grad) + 1) > 0.5  # not a trivially small gradient
+
+
+def test_fp8_training_tracks_float_and_can_overfit(data_dir, tmp_path):
+    extra = ["train.max_steps=30", "train.val_every=0", "train.checkpoint_every=0"]
+    base = train_gpt.train(make_cfg(data_dir, tmp_path / "fp32", *extra))
+    fp8 = train_gpt.train(make_cfg(data_dir, tmp_path / "fp8", *extra, 'train.fp8="all"'))
+    assert abs(fp8["final_val_loss"] - base["final_val_loss"]) < 0.02
+    over = make_cfg(data_dir, tmp_path / "overfit8", "train.overfit_batch=true", "train.max_steps=80",
+                    "schedule.kind=constant", "optim.weight_decay=0.0", 'train.fp8="all"')
+    summary = train_gpt.train(over)
+    assert summary["final_train_loss"] < 0.1 * losses(over.run_dir)[1]  # gradients through FP8 still fit a batch

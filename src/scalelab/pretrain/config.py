@@ -80,6 +80,10 @@ class TrainConfig:
     compile_scope: Literal["model", "blocks"] = param("model", "compile the whole model, or each block and the "
                                                                "head apart (torchtitan; suits FSDP2)")
     parallel: Literal["ddp", "fsdp2"] = param("ddp", "data-parallel wrapper when world size > 1")
+    fp8: Literal["none", "lm_head", "all"] = param("none", "FP8 matmuls (e4m3 forward, e5m2 gradients, per-tensor "
+                                                           "scales): the output head only, or every Linear")
+    attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = param(
+        "auto", "SDPA kernel to use on CUDA; auto = PyTorch's choice")
     overfit_batch: bool = param(False, "sanity mode: train on the first batch only; loss must go to ~0")
     token_budget: int = param(0, "dry run: stop once this many tokens were trained on; 0 = no budget", ge=0)
     resume: bool = param(True, "continue from the run folder's checkpoint when one exists")

@@ -119,6 +119,48 @@ class GPT(nn.Module):
         return logits, loss
 
 
+def _to_fp8(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor dynamic scaling: map amax to the format's largest finite value; returns (t8, 1/scale)."""
+    scale = torch.finfo(dtype).max / t.abs().amax().float().clamp(min=1e-12)
+    return (t.float() * scale).to(dtype), scale.reciprocal()
+
+
+class _FP8Matmul(torch.autograd.Function):
+    """y = x @ w.T with e4m3 operands forward and e5m2 output gradients backward (Micikevicius et al. 2022,
+    "FP8 Formats for Deep Learning"); master weights, optimizer and accumulation stay in higher precision."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # x (M, K), w (N, K)
+        (x8, sx), (w8, sw) = _to_fp8(x, torch.float8_e4m3fn), _to_fp8(w, torch.float8_e4m3fn)
+        ctx.save_for_backward(x8, sx, w8, sw)
+        ctx.dtypes = (x.dtype, w.dtype)
+        return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # g (M, N); _scaled_mm wants its 2nd operand column-major
+        x8, sx, w8, sw = ctx.saved_tensors
+        g8, sg = _to_fp8(g, torch.float8_e5m2)
+        gx = torch._scaled_mm(g8, w8.t().contiguous().t(), scale_a=sg, scale_b=sw, out_dtype=torch.bfloat16)
+        gw = torch._scaled_mm(g8.t().contiguous(), x8.t().contiguous().t(), scale_a=sg, scale_b=sx,
+                              out_dtype=torch.float32)
+        return gx.to(ctx.dtypes[0]), gw.to(ctx.dtypes[1])
+
+
+class FP8Linear(nn.Linear):
+    """nn.Linear with its matmul in FP8; same parameters and names, so checkpoints and export are unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _FP8Matmul.apply(x.reshape(-1, x.size(-1)), self.weight).view(*x.shape[:-1], -1)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+def use_fp8(model: GPT, which: str) -> None:
+    """Swap the chosen Linears' class in place: 'lm_head' (the largest matmul, as modded-nanogpt) or 'all'."""
+    for name, module in model.named_modules():
+        if type(module) is nn.Linear and (which == "all" or name == "lm_head"):
+            module.__class__ = FP8Linear
+
+
 def flops_per_token(model_cfg: ModelConfig, n_params: int) -> float:
     """Training FLOPs per token: 6N for the matmuls (Kaplan et al. 2020, sec. 2.1) plus the attention
     score/value term 12·L·d·T (PaLM, Chowdhery et al. 2022, appendix B). N excludes the position table."""
@@ -345,6 +387,11 @@ def train(cfg: PretrainConfig) -> dict:
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
     model = GPT(cfg.model).to(device)
+    if cfg.train.fp8 != "none":
+        use_fp8(model, cfg.train.fp8)
+    if device.type == "cuda" and cfg.train.attention != "auto":  # keep only the chosen SDPA kernel
+        for kind in ("cudnn", "flash", "mem_efficient", "math"):
+            getattr(torch.backends.cuda, f"enable_{kind}_sdp")(kind.endswith(cfg.train.attention))
     n_params = sum(p.numel() for p in model.parameters())
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
              "float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.train.dtype]
@@ -432,8 +479,7 @@ def _finish(cfg, log, rank, world, step, tok_per_step, train_loss, val_loss, tim
 
 
 def _sha_or_none(path: Path) -> str | None:
-    import hashlib
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return __import__("hashlib").sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
 # ------------------------------------------------------------------------------------------------

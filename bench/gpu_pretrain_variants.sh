@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# GPT-2 124M training throughput per recipe variant on one GPU, against the plain baseline in the same run
+# (GPT-2 architecture, bf16 autocast, torch.compile, SDPA, fused AdamW; 524,288 tokens/step, B=64, T=1024).
+# Variants switch the SDPA kernel (train.attention) and FP8 matmuls (train.fp8). Each runs STEPS optimizer steps
+# on the carried ShareGPT shards; the summary (median step after 3 warm-up steps) goes to $OUT/pretrain_variants.json.
+#   usage: GPUS="0 1" bash bench/gpu_pretrain_variants.sh [VARIANT ...]   (default: all; spread over GPUS, one
+#   variant per GPU at a time, so every variant trains alone on its GPU)
+set -uo pipefail
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}; STEPS=${STEPS:-12}; DATA=${DATA:-.gpu-data/sharegpt}
+declare -A VARIANTS=(
+  [plain]=""
+  [cudnn]="--set train.attention=\"cudnn\""
+  [fp8-head]="--set train.fp8=\"lm_head\""
+  [fp8-all]="--set train.fp8=\"all\""
+  [cudnn-fp8-head]="--set train.attention=\"cudnn\" --set train.fp8=\"lm_head\""
+  [cudnn-fp8-all]="--set train.attention=\"cudnn\" --set train.fp8=\"all\""
+)
+names=("$@"); [ ${#names[@]} -eq 0 ] && names=(plain cudnn fp8-head fp8-all cudnn-fp8-head cudnn-fp8-all)
+run_variant() {  # name gpu
+  local name=$1 start=$(date +%s); eval "local extra=(${VARIANTS[$1]})"
+  CUDA_VISIBLE_DEVICES=$2 timeout ${VARIANT_TIMEOUT:-170} python3 src/scalelab/pretrain/train_gpt.py \
+    --config configs/pretrain/gpt2-124m-fineweb-edu.toml --set "data.dir=\"$DATA\"" --set run.out_dir=\"/tmp/variants\" \
+    --set run.name=\"$name\" --set run.gpu=\"h200\" --set train.max_steps=$STEPS --set train.val_every=0 \
+    --set train.checkpoint_every=0 --set data.val_tokens=1048576 --set schedule.warmup_steps=5 \
+    "${extra[@]}" > /tmp/variants-$name.log 2>&1
+  echo "$name gpu=$2 exit=$? wall=$(( $(date +%s) - start ))s $(tail -1 /tmp/variants-$name.log)"
+  rm -f /tmp/variants/$name/checkpoint.pt
+}
+gpus=(${GPUS:-0}); i=0
+for g in "${gpus[@]}"; do
+  ( for ((j = i; j < ${#names[@]}; j += ${#gpus[@]})); do run_variant "${names[$j]}" "$g"; done ) &
+  i=$((i + 1))
+done
+wait
+tar czf $OUT/pretrain_variants.tgz -C /tmp variants $(cd /tmp && ls variants-*.log) 2>/dev/null
+python3 - "$OUT/pretrain_variants.json" <<'PY'
+import json, pathlib, sys
+rows, base = {}, None
+for p in sorted(pathlib.Path('/tmp/variants').glob('*/train_summary.json')):
+    s = json.loads(p.read_text())
+    rows[p.parent.name] = {k: s[k] for k in ("tokens_per_s", "median_step_ms", "peak_memory_gib", "final_val_loss")}
+base = rows.get("plain", {}).get("tokens_per_s")
+print(f"{'variant':16s} {'tok/s':>10s} {'x plain':>8s} {'step ms':>9s} {'peak GiB':>9s} {'val loss':>9s}")
+for name, r in rows.items():
+    r["speedup_vs_plain"] = r["tokens_per_s"] / base if base else None
+    print(f"{name:16s} {r['tokens_per_s']:10,.0f} {r['speedup_vs_plain'] or float('nan'):8.3f} "
+          f"{r['median_step_ms']:9.1f} {r['peak_memory_gib']:9.2f} {r['final_val_loss']:9.4f}")
+pathlib.Path(sys.argv[1]).write_text(json.dumps(rows, indent=2) + "\n")
+PY
