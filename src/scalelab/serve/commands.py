@@ -1,0 +1,83 @@
+"""`scalelab serve <verb>`: sweep, search, table, report, config."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML config (named configs live in configs/serve/)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set sweep.repeats=5 (repeatable)")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    verbs = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
+
+    p = verbs.add_parser("sweep", help="predict, then launch each (engine, TP), load-test every batch, and write "
+                                       "the scaling table, figures and REPORT.md (resumes a partial run folder)")
+    _config_args(p)
+    p.set_defaults(func=_sweep)
+
+    p = verbs.add_parser("search", help="highest open-loop request rate meeting the SLO for one (engine, TP)")
+    _config_args(p)
+    p.add_argument("--engine", default="", help="engine to search (default: the first of engine.names)")
+    p.add_argument("--tp", type=int, default=0, help="tensor-parallel size (default: the sweep's first TP)")
+    p.set_defaults(func=_search)
+
+    p = verbs.add_parser("table", help="re-render table.md/.csv/.json and figures from a run folder's rows.jsonl")
+    p.add_argument("run", help="run folder")
+    p.set_defaults(func=_table)
+
+    p = verbs.add_parser("report", help="regenerate REPORT.md (predicted vs measured) from a run folder alone")
+    p.add_argument("run", help="run folder")
+    p.set_defaults(func=_report)
+
+    p = verbs.add_parser("config", help="list every config field with its type, default and help")
+    p.set_defaults(func=_describe)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from scalelab.serve.config import load_serve_config
+    from scalelab.serve.sweep import run_sweep
+    run = run_sweep(load_serve_config(args.config, args.set))
+    print(f"run folder: {run}\n" + (run / "table.md").read_text())
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    from scalelab.serve.config import load_serve_config
+    from scalelab.serve.sweep import run_search
+    result = run_search(load_serve_config(args.config, args.set), args.engine, args.tp)
+    probes = ", ".join(f"{rate:.3g}/s -> {share:.0%}" for rate, share in result.probes)
+    print(f"highest rate meeting the SLO: {result.rate_rps:.3g} req/s ({result.share_at_rate:.0%} of requests)\n"
+          f"probes: {probes}")
+    return 0
+
+
+def _table(args: argparse.Namespace) -> int:
+    from scalelab.core.rundir import RunDir
+    from scalelab.serve.sweep import render
+    try:
+        paths = render(RunDir(args.run))
+    except (FileNotFoundError, KeyError) as e:
+        print(f"scalelab: {args.run} is not a serving sweep folder (needs provenance.json from `serve sweep` "
+              f"and rows.jsonl): {e}", file=sys.stderr)
+        return 2
+    print(paths["md"].read_text() + "\n" + "\n".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from scalelab.serve.report import write_report
+    print(write_report(Path(args.run)))
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from scalelab.core.config import describe
+    from scalelab.serve.config import ServeConfig
+    for name, tp, default, help_text in describe(ServeConfig):
+        print(f"{name:32s} {tp:34s} default={default!r}\n{'':32s} {help_text}")
+    return 0

@@ -1,0 +1,92 @@
+"""Figures of the scaling table: throughput against latency per TP, and SLO attainment against load.
+
+Each line is one (engine, TP) instance; its points are the batch sizes (closed loop) or request rates
+(open loop). Only measured ("ok") rows are drawn; N/A and failed rows are in the table's footnotes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from scalelab.serve.rows import Row
+from scalelab.serve.table import TableHeader, rate_rps
+
+
+def _lines(rows: Sequence[Row], rate: bool) -> dict[str, list[Row]]:
+    """'vllm TP=2' -> its ok rows in load order, closed-loop rows or open-loop rows only."""
+    out: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.status == "ok" and (rate_rps(r) is not None) == rate:
+            out.setdefault(f"{r.key.engine} TP={r.key.tp}", []).append(r)
+    for rs in out.values():
+        rs.sort(key=lambda r: rate_rps(r) or r.key.batch)
+    return out
+
+
+def _load_label(r: Row) -> str:
+    rate = rate_rps(r)
+    return f"b={r.key.batch}" if rate is None else f"{rate:g}/s"
+
+
+def _figure(width_in: float):
+    # matplotlib's object API on the Agg canvas: no pyplot global state, no display needed
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width_in, 4.2), dpi=120)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def throughput_vs_latency(lines: dict[str, list[Row]], head: TableHeader, out: Path) -> Path:
+    """Left: throughput vs median TTFT; right: vs median ITL. Up and left is better."""
+    fig = _figure(11)
+    axes = fig.subplots(1, 2)
+    for ax, attr, xlabel in ((axes[0], "ttft_p50_ms", "p50 TTFT (ms)"), (axes[1], "itl_p50_ms", "p50 ITL (ms)")):
+        for name, rs in lines.items():
+            xs, ys = [getattr(r.figures, attr) for r in rs], [r.figures.throughput_tok_s for r in rs]
+            ax.plot(xs, ys, marker="o", label=name)
+            for r, x, y in zip(rs, xs, ys):
+                ax.annotate(_load_label(r), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("throughput (output tok/s)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{head.model} on {head.hardware_name}: throughput vs latency per TP")
+    fig.tight_layout()
+    fig.savefig(out)
+    return out
+
+
+def slo_attainment(lines: dict[str, list[Row]], head: TableHeader, rate: bool, out: Path) -> Path:
+    fig = _figure(6)
+    ax = fig.add_subplot(1, 1, 1)
+    ticks: set[float] = set()
+    for name, rs in lines.items():
+        xs = [rate_rps(r) if rate else r.key.batch for r in rs]
+        ticks.update(xs)
+        ax.plot(xs, [100 * r.figures.goodput_share for r in rs], marker="o", label=name)
+    ax.set_xscale("log", base=2)  # batch sizes and rates in a sweep grow geometrically
+    ax.set_xticks(sorted(ticks), [f"{t:g}" for t in sorted(ticks)])
+    ax.minorticks_off()
+    ax.set_xlabel("request rate (req/s)" if rate else "batch (max concurrent requests)")
+    ax.set_ylabel("requests meeting the SLO (%)")
+    ax.set_ylim(-3, 103)
+    ax.set_title(f"{head.model} on {head.hardware_name}\nSLO: TTFT ≤ {head.slo_ttft_s:g} s, "
+                 f"p99 ITL ≤ {head.slo_itl_s * 1000:g} ms per request", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+    return out
+
+
+def write_plots(figures_dir: Path, rows: Sequence[Row], head: TableHeader) -> list[Path]:
+    """The figures that have something to draw; [] when no row was measured."""
+    paths = []
+    closed, rate = _lines(rows, rate=False), _lines(rows, rate=True)
+    if closed:
+        paths.append(throughput_vs_latency(closed, head, figures_dir / "throughput_vs_latency.png"))
+        paths.append(slo_attainment(closed, head, False, figures_dir / "slo_attainment_vs_batch.png"))
+    if rate:
+        paths.append(slo_attainment(rate, head, True, figures_dir / "slo_attainment_vs_rate.png"))
+    return paths

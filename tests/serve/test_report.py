@@ -1,0 +1,135 @@
+"""REPORT.md and docs/serve.md from hand-made sweep folders: ratios, roles, cost and errors checked by value."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalelab.calc.presets import get_model
+from scalelab.core.jsonio import json_safe, write_json
+from scalelab.serve.metrics import SLO
+from scalelab.serve.model import ServeCalibration, predict_row
+from scalelab.serve.report import ReportInputError, load_sweep, render_docs, write_report
+from scalelab.serve.rows import Row, RowFigures, RowKey
+
+CONFIG = """[model]
+shape = "qwen2.5-7b"
+[engine]
+names = ["vllm"]
+[slo]
+ttft_s = 2.0
+itl_s = 0.1
+[cost]
+hardware = "h200"
+usd_per_gpu_hour = 2.0
+"""
+PRICES = {"api-a": 2.0, "api-b": 0.5}
+
+
+def figures(thr: float, ttft50: float, ttft99: float, itl50: float, itl99: float, good: float, gpu_h: float
+            ) -> RowFigures:
+    return RowFigures(thr, ttft50, ttft99, itl50, itl99, good, good, gpu_h)
+
+
+def predicted(tp: int, batch: int, f: RowFigures) -> Row:
+    band = {"throughput_tok_s": {"lo": 0.9 * f.throughput_tok_s, "hi": 1.1 * f.throughput_tok_s}}
+    prov = {"calibration": {"fitted_on": [], "source": "priors"}, "interval": "a stated +-10% band"}
+    return Row(RowKey("vllm", tp, batch), "predicted", f, band, "decode memory-bound", prov)
+
+
+def write_folder(folder: Path, measured: list[Row], preds: list[Row], table_md: str | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "predictions.json", {"written_unix": 0.0, "rows": [r.to_dict() for r in preds]})
+    (folder / "rows.jsonl").write_text("".join(json.dumps(json_safe(r.to_dict())) + "\n" for r in measured))
+    (folder / "config.toml").write_text(CONFIG)
+    write_json(folder / "provenance.json", {"git_sha": "abc123", "hardware": {"gpus": ["NVIDIA H200"] * 2},
+                                            "engine_versions": {"vllm": "vllm 0.26.0"}})
+    if table_md is not None:
+        (folder / "table.md").write_text(table_md)
+    return folder
+
+
+@pytest.fixture
+def hand_made(tmp_path: Path) -> Path:
+    preds = [predicted(1, 1, figures(100, 50, 80, 10, 12, 1.0, 2.0)),
+             predicted(1, 8, figures(1000, 60, 150, 11, 30, 1.0, 0.5)),
+             predicted(2, 8, figures(1500, 40, 100, 8, 20, 1.0, 0.4))]
+    measured = [Row(RowKey("vllm", 1, 1), "ok", figures(80, 50, 100, 10, 12, 1.0, 2.5)),
+                Row(RowKey("vllm", 1, 8), "ok", figures(1000, 75, 150, 11, 24, 0.8, 0.5))]
+    return write_folder(tmp_path / "run", measured, preds)
+
+
+def test_report_ratios_roles_and_cost(hand_made: Path):
+    text = write_report(hand_made, api_prices=PRICES).read_text()
+    # throughput 100 vs 80 -> 1.25, outside +-20%; the interval 90-110 misses 80
+    assert "| vllm TP=1 batch=1 | prior | Throughput (tok/s) | 100 | 90 – 110 (**no**) | 80 | 1.25 | **no** |" in text
+    assert "| vllm TP=1 batch=1 | prior | p99 TTFT (ms) | 80.0 | — | 100.0 | 0.80 | yes |" in text   # 0.80: edge, in
+    assert "| vllm TP=1 batch=8 | prior | p50 TTFT (ms) | 60.0 | — | 75.0 | 0.80 | yes |" in text
+    assert "| vllm TP=1 batch=8 | prior | p99 ITL (ms) | 30.00 | — | 24.00 | 1.25 | **no** |" in text
+    assert "| vllm TP=1 batch=8 | prior | Goodput @ SLO | 100% | — | 80% | 1.25 | **no** |" in text
+    # 12 figures (2 rows x 6); misses: TP1b1 throughput, TP1b8 p99 ITL, TP1b8 goodput -> 9 within
+    assert "prior rows: 9 of 12 figures within ±20% of measured" in text
+    assert "vllm TP=2 batch=8" not in text.split("## Where scaling breaks")[0].split("### Predicted")[1]
+    # cost: 0.5 GPU-h x $2 = $1.00 -> 0.50x api-a ($2.00), 2.00x api-b ($0.50)
+    assert "| vllm TP=1 batch=8 | 0.5 | $1.00 | 0.50x | 2.00x |" in text
+    assert "The cheapest measured row is vllm TP=1 batch=8: $1.00" in text
+    assert "not fitted" in text                                       # no model record in these predictions
+    assert "2 x NVIDIA H200" in text and "vllm 0.26.0" in text
+    png = (hand_made / "figures" / "predicted_vs_measured.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_includes_the_sweep_table_and_reads_nan_rows(tmp_path: Path):
+    failed = Row(RowKey("vllm", 2, 1), "wont_fit", RowFigures.nan(), note="won't fit: too big")
+    folder = write_folder(tmp_path / "run", [failed], [predicted(2, 1, figures(1, 1, 1, 1, 1, 1, 1))],
+                          table_md="| Config | the sweep's own table |\n")
+    data = load_sweep(folder)
+    assert data.measured[0].status == "wont_fit" and math.isnan(data.measured[0].figures.throughput_tok_s)
+    text = write_report(folder).read_text()
+    assert "| Config | the sweep's own table |" in text
+    assert "No measured row has a prediction made before the sweep." in text
+
+
+@pytest.mark.parametrize("missing", ["predictions.json", "rows.jsonl", "config.toml", "provenance.json"])
+def test_missing_file_is_named(hand_made: Path, missing: str):
+    (hand_made / missing).unlink()
+    with pytest.raises(ReportInputError, match=missing):
+        write_report(hand_made)
+
+
+def test_docs_from_a_folder(hand_made: Path, tmp_path: Path):
+    text = render_docs([hand_made], tmp_path / "docs" / "serve.md", api_prices=PRICES).read_text()
+    assert "measured TP 1 x batch 1/8 (2 rows)" in text
+    assert "prior rows: 9 of 12 figures within ±20% of measured" in text
+    assert "TP=2, TP=4, TP=8: no measured row" in text and "Predictions exist for TP=2." in text
+    assert "sglang: no measured row" in text
+    assert "At batch 8, TP=2 gives 1.50x the output tokens/s of TP=1" in text     # predicted 1500 vs measured 1000
+    with pytest.raises(ValueError, match="no sweep folder"):
+        render_docs([], tmp_path / "x.md")
+
+
+def test_report_calibrates_on_some_rows_and_scores_the_rest(tmp_path: Path):
+    """Predictions from the model's priors, 'measurements' from the model with other constants: the report
+    fits the constants on default_fit_labels and the held-out rows come back within +-20%."""
+    m = get_model("qwen2.5-7b")
+    rng = np.random.default_rng(0)
+    true = ServeCalibration(hbm_eff=0.65, prefill_eff=0.5, overhead_tp1_s=0.004, allreduce_latency_s=15e-6)
+    preds, measured = [], []
+    for tp in (1, 2):
+        for batch in (1, 4, 8):
+            n = 2 * batch
+            prompts, outputs = rng.integers(100, 400, 2 * n).tolist(), rng.integers(20, 40, 2 * n).tolist()
+            key = RowKey("vllm", tp, batch)
+            preds.append(predict_row(m, "h200", key, prompts, outputs, SLO(), 0.9, 2.0, requests_per_run=n))
+            truth = predict_row(m, "h200", key, prompts, outputs, SLO(), 0.9, 2.0, true, requests_per_run=n)
+            measured.append(dataclasses.replace(truth, status="ok", spread={}))
+    folder = write_folder(tmp_path / "run", measured, preds)
+    text = write_report(folder).read_text()
+    assert "Fitted on vllm TP=1 batch=1, vllm TP=1 batch=8, vllm TP=2 batch=1; 3 measured vllm row(s) held out" in text
+    assert "held-out rows: 18 of 18 figures within ±20%" in text
+    assert (folder / "predictions_calibrated.json").is_file()
+    assert "Model, batch-1 decode step of qwen2.5-7b" in text
