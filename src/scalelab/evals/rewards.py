@@ -1,0 +1,156 @@
+"""Reward functions for GRPO (and filters for DPO pairs): `(completions, examples) -> list[float]`.
+
+Plain functions, one float per completion, testable alone. Each example names the task that scores it, so
+one batch may mix tasks. Completions may be strings or TRL's conversational form (a list of messages; the
+last assistant message is scored). `for_trl` adapts any of them to TRL's calling convention.
+
+Registry (`get_reward(name, **params)`):
+  correctness   1 if the task's verifier accepts the answer, else 0
+  partial       the task's partial credit (share of fields / constraints right), else correctness
+  format        1 if the completion has the answer form its prompt asked for (marker, JSON, code fence)
+  length_aware  correctness with a length term; `exploit` turns it into a deliberately hackable reward
+                for reward-hacking studies: "length" pays for long outputs whatever their correctness,
+                "format" pays for the answer marker whatever the answer
+  combined      a weighted sum of other registered rewards
+"""
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+from scalelab.evals.tasks import Example, Score, default_task, score_example
+
+RewardFn = Callable[[list, list[Example]], list[float]]
+DEFAULT_WORKERS = min(4, os.cpu_count() or 1)  # code tasks wait on sandbox processes: threads overlap them
+
+
+def completion_text(completion: Any) -> str:
+    """A completion as text: a string as is; a message list -> its last assistant message's content."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        replies = [m for m in completion if m.get("role", "assistant") == "assistant"]
+        return str((replies or completion)[-1].get("content", ""))
+    raise TypeError(f"completion must be a string or a list of chat messages, got {type(completion).__name__}")
+
+
+def _check_batch(completions: Sequence, examples: Sequence[Example]) -> None:
+    if len(completions) != len(examples):
+        raise ValueError(f"{len(completions)} completions for {len(examples)} examples")
+
+
+def score_all(completions: Sequence, examples: Sequence[Example], workers: int = DEFAULT_WORKERS) -> list[Score]:
+    _check_batch(completions, examples)
+    texts = [completion_text(c) for c in completions]
+    if workers <= 1 or len(texts) <= 1:
+        return [score_example(ex, t) for ex, t in zip(examples, texts)]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(score_example, examples, texts))
+
+
+def _named(fn: RewardFn, name: str) -> RewardFn:
+    fn.__name__ = name  # TRL logs each reward under its function's __name__
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# the rewards
+
+
+def correctness_reward(completions: list, examples: list[Example]) -> list[float]:
+    return [1.0 if s.correct else 0.0 for s in score_all(completions, examples)]
+
+
+def partial_reward(completions: list, examples: list[Example]) -> list[float]:
+    return [s.partial if s.partial is not None else float(s.correct) for s in score_all(completions, examples)]
+
+
+def format_reward(completions: list, examples: list[Example]) -> list[float]:
+    _check_batch(completions, examples)
+    return [1.0 if default_task(ex.task).check_format(ex, completion_text(c)) else 0.0
+            for c, ex in zip(completions, examples)]
+
+
+EXPLOITS = ("none", "length", "format")
+
+
+def length_aware(target_chars: int = 1000, penalty: float = 0.5, exploit: str = "none",
+                 exploit_weight: float = 1.0) -> RewardFn:
+    """correct - penalty * overshoot, overshoot = max(0, len - target) / target capped at 1: right and
+    concise beats right and rambling, and a wrong answer never gains from length.
+
+    exploit="length": + exploit_weight * min(len / target, 2) on every completion, right or wrong.
+    exploit="format": + exploit_weight * format_ok on every completion, right or wrong.
+    Both are meant to be hacked (padding, or an answer marker with any number after it)."""
+    if exploit not in EXPLOITS:
+        raise ValueError(f"length_aware exploit {exploit!r}: allowed: {', '.join(EXPLOITS)}")
+    if target_chars <= 0 or penalty < 0:
+        raise ValueError(f"length_aware needs target_chars > 0 and penalty >= 0, got {target_chars}, {penalty}")
+
+    def reward(completions: list, examples: list[Example]) -> list[float]:
+        lengths = [len(completion_text(c)) for c in completions]
+        base = correctness_reward(completions, examples)
+        out = [b - penalty * min(1.0, max(0, n - target_chars) / target_chars) for b, n in zip(base, lengths)]
+        if exploit == "length":
+            out = [r + exploit_weight * min(n / target_chars, 2.0) for r, n in zip(out, lengths)]
+        elif exploit == "format":
+            out = [r + exploit_weight * f for r, f in zip(out, format_reward(completions, examples))]
+        return out
+
+    return _named(reward, f"length_aware_{exploit}")
+
+
+def combined(weights: dict[str, float]) -> RewardFn:
+    """sum_k weights[k] * reward_k, each reward_k built by get_reward(k) with its defaults."""
+    if not weights:
+        raise ValueError("combined needs at least one reward weight")
+    parts = [(get_reward(name), float(w)) for name, w in weights.items()]  # unknown names fail here, early
+
+    def reward(completions: list, examples: list[Example]) -> list[float]:
+        total = [0.0] * len(completions)
+        for fn, w in parts:
+            total = [t + w * r for t, r in zip(total, fn(completions, examples))]
+        return total
+
+    return _named(reward, "combined_" + "_".join(f"{k}{w:g}" for k, w in weights.items()))
+
+
+REWARDS: dict[str, Callable[..., RewardFn]] = {
+    "correctness": lambda: correctness_reward,
+    "partial": lambda: partial_reward,
+    "format": lambda: format_reward,
+    "length_aware": length_aware,
+    "combined": combined,
+}
+
+
+def get_reward(name: str, **params: Any) -> RewardFn:
+    if name not in REWARDS:
+        raise KeyError(f"unknown reward {name!r}; registered: {', '.join(REWARDS)}")
+    return REWARDS[name](**params)
+
+
+# ---------------------------------------------------------------------------------------------
+# TRL
+
+
+def example_row(example: Example) -> dict[str, Any]:
+    """A dataset row for TRL: the prompt plus the columns `for_trl` rebuilds the example from (meta as a
+    JSON string, since Arrow columns cannot hold dicts of differing shapes)."""
+    return {"prompt": example.prompt, "task": example.task, "example_id": example.id,
+            "answer": example.answer, "meta": json.dumps(example.meta)}
+
+
+def for_trl(fn: RewardFn) -> Callable[..., list[float]]:
+    """`fn` called the TRL way: reward(prompts=..., completions=..., task=[...], example_id=[...], ...)."""
+
+    def reward(prompts: list, completions: list, task: list[str], example_id: list[str], answer: list[str],
+               meta: list[str], **_ignored: Any) -> list[float]:
+        examples = [Example(t, i, p if isinstance(p, list) else [{"role": "user", "content": p}], a, json.loads(m))
+                    for t, i, p, a, m in zip(task, example_id, prompts, answer, meta)]
+        return fn(completions, examples)
+
+    reward.__name__ = getattr(fn, "__name__", "reward")
+    return reward
