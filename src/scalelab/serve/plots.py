@@ -1,13 +1,17 @@
-"""Figures of the scaling table: throughput against latency per TP, and SLO attainment against load.
+"""Figures of the scaling table: throughput against latency per TP, and SLO attainment against load; and the
+report's predicted-against-measured figure.
 
 Each line is one (engine, TP) instance; its points are the batch sizes (closed loop) or request rates
 (open loop). Only measured ("ok") rows are drawn; N/A and failed rows are in the table's footnotes.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
+from scalelab.serve.compare import COLUMNS, ROLE_NAMES, WITHIN, Comparison
+from scalelab.serve.model import SCORED_FIGURES
 from scalelab.serve.rows import Row
 from scalelab.serve.table import TableHeader, rate_rps
 
@@ -90,3 +94,61 @@ def write_plots(figures_dir: Path, rows: Sequence[Row], head: TableHeader) -> li
     if rate:
         paths.append(slo_attainment(rate, head, True, figures_dir / "slo_attainment_vs_rate.png"))
     return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# predicted vs measured (the report's figure)
+
+
+def plot_predicted_vs_measured(cs: Sequence[Comparison], path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(12, 7.5), dpi=100)
+    FigureCanvasAgg(fig)
+    style = {"prior": ("^", "tab:green"), "prior-late": ("v", "tab:olive"), "rerun": ("D", "tab:purple"),
+             "held-out": ("o", "tab:blue"), "fitted": ("s", "tab:gray")}
+    for i, figure in enumerate(SCORED_FIGURES):
+        ax = fig.add_subplot(2, 3, i + 1)
+        mine = [c for c in cs if c.figure == figure]
+        for role, (marker, color) in style.items():
+            pts = [c for c in mine if c.role == role]
+            if pts:
+                ax.scatter([c.measured for c in pts], [c.predicted for c in pts], marker=marker, color=color,
+                           label=ROLE_NAMES[role], zorder=3)
+        for c in mine:
+            if c.lo is not None:
+                ax.plot([c.measured, c.measured], [c.lo, c.hi], color="black", lw=0.8, alpha=0.5)
+            ax.annotate(f"TP{c.key.tp} b{c.key.batch}", (c.measured, c.predicted), fontsize=7, alpha=0.7)
+        _diagonal(ax, mine, log=figure != "goodput_share")
+        ax.set_title(COLUMNS[figure][0], fontsize=10)
+        ax.set_xlabel("measured")
+        ax.set_ylabel("predicted")
+    handles = {label: h for ax in fig.axes for h, label in zip(*ax.get_legend_handles_labels())}
+    if handles:      # one legend for the six panels
+        fig.legend(list(handles.values()), list(handles), loc="upper center", bbox_to_anchor=(0.5, 0.955),
+                   fontsize=8, ncol=len(handles), frameon=False)
+    fig.suptitle(f"Predicted vs measured (shaded: ±{WITHIN:.0%}; bars: predicted interval)")
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.07, top=0.88, wspace=0.3, hspace=0.35)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def _diagonal(ax: Any, cs: Sequence[Comparison], log: bool) -> None:
+    values = [v for c in cs for v in (c.measured, c.predicted) if math.isfinite(v) and (v > 0 or not log)]
+    if not values:
+        return
+    lo, hi = (min(values) / 1.5, max(values) * 1.5) if log else (0.0, 1.05)
+    ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
+    ax.fill_between([lo, hi], [lo * (1 - WITHIN), hi * (1 - WITHIN)], [lo * (1 + WITHIN), hi * (1 + WITHIN)],
+                    color="tab:orange", alpha=0.15)
+    if log:
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):      # plain numbers, not 2x10^1
+            axis.set_major_formatter(ScalarFormatter())
+            axis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.grid(alpha=0.3)

@@ -11,7 +11,8 @@ request rate (RowKey.batch = 0; the rate is in the row's provenance under "load"
 from one seeded request pool, so batch 1 and batch 64 see the same prompts, and repeats of a row see
 different ones (with prefix caching on, a repeat of the same prompts would hit the cache).
 
-Resume: points whose latest row in rows.jsonl is "ok" or "wont_fit" are skipped; failed rows are retried.
+Resume: points whose latest row in rows.jsonl is "ok" or "wont_fit" are skipped; failed rows are retried; points
+the config adds are predicted (predictions.json extended) before any of them is measured.
 """
 from __future__ import annotations
 
@@ -252,7 +253,8 @@ def table_header(rd: RunDir) -> TableHeader:
 
 
 def predict_rows(setup: Setup, points: Sequence[Point], requests: dict[Point, PointRequests]) -> list[Row]:
-    """The analytic model's row for every closed-loop point, on that point's exact measured request lengths."""
+    """The analytic model's row for every closed-loop point, on that point's exact measured request lengths and
+    in its protocol: runs of requests_per_repeat requests, each starting `batch` of them at once."""
     from scalelab.serve.model import predict_row
     cfg, out = setup.cfg, []
     for p in points:
@@ -261,18 +263,34 @@ def predict_rows(setup: Setup, points: Sequence[Point], requests: dict[Point, Po
         reqs = [r for rep in requests[p].repeats for r in rep]
         out.append(predict_row(setup.spec, setup.header.hardware_key, p.key, [r.prompt_tokens for r in reqs],
                                [r.output_tokens for r in reqs], setup.slo, cfg.engine.gpu_memory_utilization,
-                               setup.header.usd_per_gpu_hour))
+                               setup.header.usd_per_gpu_hour, requests_per_run=requests_per_repeat(cfg, p)))
     return out
 
 
+def predicted_ids(predictions: dict[str, Any]) -> set[tuple[str, int, int]]:
+    return {(d["key"]["engine"], d["key"]["tp"], d["key"]["batch"]) for d in predictions.get("rows", [])}
+
+
 def write_predictions(setup: Setup, points: Sequence[Point], requests: dict[Point, PointRequests]) -> None:
-    """Once per run folder: a resumed sweep keeps the predictions made before its first measurement."""
-    if (setup.rd.path / "predictions.json").is_file():
+    """Every closed-loop point has its prediction on file before it is measured. The first run writes them all;
+    a resumed run whose config adds points predicts just those, keeps the rows on file as they are, and rewrites
+    the file (logged as "predictions_extended" with its new sha256) before any server starts."""
+    rd = setup.rd
+    if not (rd.path / "predictions.json").is_file():
+        rows = predict_rows(setup, points, requests)
+        rd.write_predictions({"hardware": setup.header.hardware_key, "model": setup.spec.name,
+                              "slo": {"ttft_s": setup.slo.ttft_s, "itl_s": setup.slo.itl_s},
+                              "rows": [r.to_dict() for r in rows]})
         return
-    rows = predict_rows(setup, points, requests)
-    setup.rd.write_predictions({"hardware": setup.header.hardware_key, "model": setup.spec.name,
-                                "slo": {"ttft_s": setup.slo.ttft_s, "itl_s": setup.slo.itl_s},
-                                "rows": [r.to_dict() for r in rows]})
+    data = rd.read("predictions.json")
+    have = predicted_ids(data)
+    new = [p for p in points if p.rate_rps is None and p.id[:3] not in have]
+    if not new:
+        return
+    rows = predict_rows(setup, new, requests)
+    data["rows"] = data.get("rows", []) + [r.to_dict() for r in rows]
+    data["extended"] = data.get("extended", []) + [{"time_unix": time.time(), "rows": [r.key.label for r in rows]}]
+    rd.write_predictions(data, event="predictions_extended")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def count_tokens(tokenizer: Any, text: str) -> int:
 
 
 def default_tokenizer() -> Any:
-    from scalelab.pretrain.tokenizer import gpt2_encoding
+    from scalelab.core.gpt2bpe import gpt2_encoding
     return gpt2_encoding()
 
 

@@ -1,0 +1,222 @@
+"""Calibrated predictor: fits recover known constants, intervals cover the held-out rows, a held-out row by hand,
+hardware transfer, the ladder file feeding the loss law, and the committed results/docs/config agreeing."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalelab.core.hardware import get_hardware
+from scalelab.core.jsonio import read_json, write_json
+from scalelab.pretrain import calibrate as cal
+from scalelab.pretrain import predict as predict_mod
+from scalelab.pretrain.config import load_pretrain_config
+from scalelab.pretrain.predict import default_loss_law, predict, workload
+from scalelab.pretrain.scaling_law import ScalingLaw
+
+REPO = Path(__file__).resolve().parents[2]
+H200 = get_hardware("h200")
+GPT2_124M = ["model.n_layer=12", "model.n_head=12", "model.n_embd=768", "model.block_size=1024", "train.compile=true"]
+# Round constants for hand computation (not the fitted ones).
+HAND = cal.Calibration(
+    hardware="h200", throughput=cal.ThroughputFit(mfu_matmul=0.43, step_overhead_s=0.0045, bytes_per_logit=16.0,
+                                                  attention_executed_fraction=0.5, peak_flops_per_s=989.4e12,
+                                                  hbm_bytes_per_s=4.8e12),
+    memory=cal.MemoryFit(activation_scale=1.0, runtime_bytes=100_000_000.0), tokens_per_s_rel=0.05,
+    memory_rel=0.04, fitted_on=("a", "b"), source="hand")
+
+
+def synthetic_workload(tokens: int, accum: int, fpt: float, static: float) -> cal.Workload:
+    return cal.Workload(tokens_per_micro=tokens, micro_steps=accum, world=1, model_flops_per_token=fpt,
+                        attn_flops_per_token=0.1 * fpt, vocab=50_000, static_bytes=static,
+                        activation_bytes_per_token=300_000.0, logits_bytes_per_token=250_000.0)
+
+
+def test_fit_recovers_constants_from_synthetic_rows():
+    true_t = replace(HAND.throughput, mfu_matmul=0.37, step_overhead_s=0.012)
+    true_m = cal.MemoryFit(activation_scale=1.15, runtime_bytes=3e8)
+    loads = [synthetic_workload(b * 1024, k, f, s) for b, k, f, s in
+             ((8, 1, 8e8, 2e9), (32, 1, 8e8, 2e9), (16, 4, 2.4e9, 6e9), (64, 2, 1.2e9, 3e9))]
+    rows = [cal.Row(f"r{i}", "", "fit", "", w, cal.tokens_per_s(w, true_t), cal.peak_memory_bytes(w, true_m) / cal.GIB)
+            for i, w in enumerate(loads)]
+    t, m = cal.fit_throughput(rows, H200), cal.fit_memory(rows)
+    assert t.mfu_matmul == pytest.approx(0.37, rel=1e-9) and t.step_overhead_s == pytest.approx(0.012, rel=1e-9)
+    assert m.activation_scale == pytest.approx(1.15, rel=1e-9) and m.runtime_bytes == pytest.approx(3e8, rel=1e-6)
+    with pytest.raises(ValueError, match="need >= 2"):
+        cal.fit_throughput(rows[:1], H200)
+
+
+def test_step_time_form_by_hand():
+    # 2 micro-steps of 4096 tokens at 1e9 FLOPs/token, a tenth of it attention of which half executes:
+    # 0.95e9 / (989.4e12 * 0.43) + 16 * 50,000 / 4.8e12 per token, x 8192 tokens, + 4.5 ms.
+    w = synthetic_workload(4096, 2, 1e9, 0.0)
+    per_token = 0.95e9 / (989.4e12 * 0.43) + 16 * 50_000 / 4.8e12
+    assert cal.step_time_s(w, HAND.throughput) == pytest.approx(8192 * per_token + 0.0045, rel=1e-12)
+    assert cal.tokens_per_s(w, HAND.throughput) == pytest.approx(8192 / (8192 * per_token + 0.0045), rel=1e-12)
+
+
+def test_interval_half_width_is_the_worst_held_out_error_and_covers_every_held_out_row():
+    mk = lambda key, role, ratio: cal.RowScore(key, role, ratio * 100.0, 100.0, ratio, 1.0, 1.0, 1.0)  # noqa: E731
+    scores = [mk("f", "fit", 1.30), mk("a", "held-out", 0.93), mk("b", "held-out", 1.05), mk("c", "held-out", 1.0)]
+    e = cal.held_out_half_width(scores, "tokens_per_s")
+    assert e == pytest.approx(0.07)             # the fitted row's 30% does not count
+    for s in scores[1:]:
+        lo, hi = cal.interval(s.tokens_per_s_predicted, e)
+        assert lo <= s.tokens_per_s_measured <= hi
+    assert cal.interval(93.0, 0.07) == pytest.approx((93.0 / 1.07, 100.0))   # the worst row sits on the edge
+
+
+def test_calibrated_prediction_for_a_held_out_row_equals_hand_computation():
+    # 124M at B=32, T=1024 on one H200 (held out in the committed calibration), with HAND's constants.
+    cfg = load_pretrain_config(None, [*GPT2_124M, "train.micro_batch_size=32"])
+    p = predict(cfg, 1, "h200", calibration=HAND)
+    # executed FLOPs/token = 855,383,040 - 113,246,208 / 2 = 798,759,936
+    per_token = 798_759_936 / (989.4e12 * 0.43) + 16 * 50_257 / 4.8e12       # 2.0450e-6 s
+    tps = 32_768 / (32_768 * per_token + 0.0045)                              # 458,225 tokens/s
+    assert p.throughput.model == "calibrated" and p.throughput.tokens_per_s == pytest.approx(tps, rel=1e-12)
+    assert (p.throughput.tokens_per_s_low, p.throughput.tokens_per_s_high) == pytest.approx((tps / 1.05, tps / 0.95))
+    assert p.throughput.assumed_mfu == pytest.approx(tps * 855_383_040 / 989.4e12)
+    # static: 12 N + the tied embedding's gradient 4 * 50,304 * 768 = 1,493,710,848 + 154,533,888 = 1,648,244,736;
+    # per token: activations 12 x (768 x 36 + 4 x 12) + 768 x 6 = 336,960; logits 2 x 50,304 + 4 x 50,257 = 301,636
+    mem = 1_648_244_736 + 100_000_000 + 32_768 * (336_960 + 301_636)           # 22,673,758,464 B = 21.12 GiB
+    assert p.memory.model == "calibrated" and p.memory.total_bytes == mem
+    assert (p.memory.total_bytes_low, p.memory.total_bytes_high) == (int(mem / 1.04), int(mem / 0.96))
+
+
+def test_accumulation_ddp_and_fsdp2_static_bytes():
+    n = 124_475_904
+    accum = workload(load_pretrain_config(None, [*GPT2_124M, "train.micro_batch_size=64",
+                                                 "train.total_batch_tokens=524288"]), 1)
+    assert accum.micro_steps == 8 and accum.static_bytes == 16 * n          # every gradient alive while accumulating
+    ddp = workload(load_pretrain_config(None, [*GPT2_124M, "train.micro_batch_size=64",
+                                               "train.total_batch_tokens=524288"]), 2)
+    assert ddp.micro_steps == 4 and ddp.static_bytes == 16 * n + 4 * n     # + DDP's gradient buckets
+    fsdp = workload(load_pretrain_config(None, [*GPT2_124M, "train.micro_batch_size=64", "train.parallel=fsdp2",
+                                                "train.total_batch_tokens=524288"]), 2)
+    assert fsdp.static_bytes == 4 * n // 2 + 4 * n // 2 + 8 * n // 2       # ZeRO-3 shards, no buckets
+
+
+def test_h100_transfer_and_what_falls_back_to_priors():
+    h100 = cal.for_hardware(HAND, get_hardware("h100-sxm"))
+    assert h100.throughput.mfu_matmul == 0.43 and h100.throughput.step_overhead_s == 0.0045
+    assert h100.throughput.hbm_bytes_per_s == 3.35e12 and "transferred from h200" in h100.note
+    assert cal.for_hardware(HAND, get_hardware("l40s")) is None
+    cfg = load_pretrain_config(None, GPT2_124M)
+    assert predict(cfg, 1, "h100-sxm", calibration=HAND).throughput.model == "calibrated"
+    l40s = predict(cfg, 1, "l40s", calibration=HAND).throughput
+    assert l40s.model == "prior" and "not transferable to l40s" in l40s.mfu_why
+    for extra in ("train.compile=false", "train.fp8=all", "train.dtype=float32"):
+        p = predict(load_pretrain_config(None, [*GPT2_124M, extra]), 1, "h200", calibration=HAND)
+        assert p.throughput.model == p.memory.model == "prior"
+    assert predict(cfg, 1, "h200", mfu=0.3, calibration=HAND).throughput.assumed_mfu == 0.3
+
+
+# ---------------------------------------------------------------------------------------------
+# the ladder
+
+
+def fake_data_dir(tmp: Path) -> Path:
+    data = tmp / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps({"format": "test", "seed": 1}))
+    return data
+
+
+def test_ladder_file_feeds_the_loss_law_on_the_same_data_only(tmp_path, monkeypatch):
+    from scalelab.pretrain.shards import manifest_hash
+    data = fake_data_dir(tmp_path)
+    true = ScalingLaw(E=1.9, A=300.0, B=900.0, alpha=0.32, beta=0.3, rel_interval=0.0, source="synthetic")
+    points = [{"name": f"n{n:.0f}-d{d:.0f}", "n_params": n, "tokens": d, "final_val_loss": true.loss(n, d)}
+              for n in np.geomspace(1e7, 1.2e8, 4) for d in np.geomspace(4e6, 1.6e7, 3)]
+    ladder = tmp_path / "ladder.json"
+    write_json(ladder, {"data_manifest_sha256": manifest_hash(data), "points": points})
+    monkeypatch.setattr(predict_mod, "LADDER_PATH", ladder)
+    cfg = load_pretrain_config(None, [*GPT2_124M, f"data.dir={json.dumps(str(data))}", "train.max_steps=1000",
+                                      "train.micro_batch_size=64"])  # D = 65.5M tokens
+    loss = predict(cfg, 1, "h200", calibration=None).loss
+    assert loss.law.source.startswith("local ladder fit") and "12 runs" in loss.law.source
+    assert loss.final_loss == pytest.approx(true.loss(loss.n_params, loss.train_tokens), rel=1e-3)
+    other = load_pretrain_config(None, [*GPT2_124M, "data.dir=\"/nonexistent\""])
+    assert "other data" in default_loss_law(other).source and default_loss_law(other).E == 1.69
+    write_json(ladder, {"data_manifest_sha256": manifest_hash(data), "points": points[:4]})
+    assert "the fit needs >= 5" in default_loss_law(cfg).source
+
+
+def make_ladder_run(root: Path, name: str, layers: int, width: int, steps: int, done: int, loss: float) -> None:
+    from scalelab.core.config import dump_toml
+    cfg = load_pretrain_config(None, [f"model.n_layer={layers}", f"model.n_embd={width}", "model.n_head=2",
+                                      "model.block_size=64", f"train.max_steps={steps}"])
+    (root / name).mkdir(parents=True)
+    dump_toml(cfg, root / name / "config.toml")
+    write_json(root / name / "train_summary.json", {"steps": done, "tokens": done * 1024, "final_val_loss": loss})
+    write_json(root / name / "provenance.json", {"data_manifest_sha256": "abc"})
+
+
+def test_collect_ladder_keeps_finished_runs_and_merges(tmp_path):
+    root, out = tmp_path / "runs", tmp_path / "ladder.json"
+    make_ladder_run(root, "small", 2, 32, 10, 10, 7.5)
+    make_ladder_run(root, "cut-off", 2, 64, 10, 6, 7.0)       # killed by the budget: not a point yet
+    doc = cal.collect_ladder(root, out)
+    assert [p["name"] for p in doc["points"]] == ["small"] and doc["law"] is None
+    # N = all parameters but the position table: 50,304 x 32 + 2 x (12 x 32^2 + 13 x 32) + 2 x 32 = 1,635,200
+    assert doc["points"][0]["n_params"] == 1_635_200 and doc["points"][0]["tokens"] == 10_240
+    assert doc["data_manifest_sha256"] == "abc"
+    make_ladder_run(tmp_path / "runs2", "other", 2, 64, 10, 10, 7.2)
+    doc = cal.collect_ladder(tmp_path / "runs2", out)        # a second call adds, keeping the first's points
+    assert [p["name"] for p in doc["points"]] == ["small", "other"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the committed results, config and docs agree with the code
+
+
+def rounded(obj):
+    """Floats to 9 significant digits, so another BLAS's last bits do not count as a stale results file."""
+    if isinstance(obj, float):
+        return float(f"{obj:.9g}")
+    if isinstance(obj, dict):
+        return {k: rounded(v) for k, v in obj.items()}
+    return [rounded(v) for v in obj] if isinstance(obj, list) else obj
+
+
+def test_committed_calibration_is_what_the_bench_computes():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import pretrain_calibration as bench
+    finally:
+        sys.path.pop(0)
+    fresh, committed = bench.document(REPO), read_json(REPO / bench.OUT)
+    for key in ("throughput_fit", "memory_fit", "intervals", "fitted_on", "summary", "rows", "predictions",
+                "time_to_target"):
+        assert rounded(json.loads(json.dumps(fresh[key]))) == rounded(committed[key]), key
+    assert committed["summary"]["tokens_per_s"]["within_10pct"] == committed["summary"]["tokens_per_s"]["held_out"]
+    assert set(committed["fitted_on"]).isdisjoint(committed["held_out"])
+
+
+def test_config_comments_state_the_committed_time_and_cost():
+    text = (REPO / "configs/pretrain/gpt2-124m-fineweb-edu.toml").read_text()
+    t = next(x for x in read_json(REPO / "results/h200/pretrain_predictor_calibration.json")["time_to_target"]
+             if x["bar"] == "llmc_tokens")
+    lo, hi = t["hours_interval"]
+    assert f"= {t['hours']:.2f} h ({lo:.2f}-{hi:.2f} h" in text
+    assert f"= ${t['cost_usd']:.2f} (${t['cost_usd_interval'][0]:.2f}-{t['cost_usd_interval'][1]:.2f})" in text
+    assert re.search(rf"{t['tokens_per_s'] / 1e6:.2f}M tokens/s", text)
+
+
+def test_docs_are_generated_from_the_results(tmp_path):
+    from scalelab.pretrain.docs import write_docs
+    out = write_docs(REPO, tmp_path / "pretrain.md")
+    text = out.read_text()
+    c = read_json(REPO / "results/h200/pretrain_predictor_calibration.json")
+    t = next(x for x in c["time_to_target"] if x["bar"] == "llmc_tokens")
+    assert f"**{t['hours']:.2f} h**" in text and f"**${t['cost_usd']:.2f}**" in text
+    s = c["summary"]["tokens_per_s"]
+    assert f"{s['within_10pct']} of {s['held_out']} held-out throughputs" in text
+    assert "| cudnn-fp8-all | 516k | 1.065 |" in text and "**97.8%** scaling" in text
+    assert (tmp_path / "figures" / "pretrain_recipe_lr.png").read_bytes()[:4] == b"\x89PNG"
+    assert 1200 < len(text.split()) < 2600
