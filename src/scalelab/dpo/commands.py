@@ -1,0 +1,109 @@
+"""`scalelab dpo <verb>`: train, sweep, data, merge, config."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML config (named configs live in configs/dpo/)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set train.beta=0.3 (repeatable)")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _losses(text: str) -> list[str]:
+    from scalelab.dpo.train import LOSSES
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in LOSSES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown loss {bad[0]!r}; known: {', '.join(LOSSES)}")
+    return names
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    verbs = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
+
+    p = verbs.add_parser("train", help="data -> predictions -> LoRA DPO/IPO/ORPO with margin tracking -> adapter")
+    _config_args(p)
+    p.set_defaults(func=_train)
+
+    p = verbs.add_parser("sweep", help="one run per (loss, beta) into <out_dir>/<name>/, one shared preference set")
+    _config_args(p)
+    p.add_argument("--beta", type=_floats, default=[0.05, 0.1, 0.3], help="comma-separated betas")
+    p.add_argument("--loss", type=_losses, default=None, help="comma-separated losses (default: train.loss)")
+    p.add_argument("--name", default="sweep", help="sweep folder name under run.out_dir")
+    p.set_defaults(func=_sweep)
+
+    p = verbs.add_parser("data", help="build (verifier set) or load the preference pairs and show a summary")
+    _config_args(p)
+    p.add_argument("--show", type=int, default=2, help="print this many pairs")
+    p.set_defaults(func=_data)
+
+    p = verbs.add_parser("merge", help="base + LoRA adapter -> merged HF folder (safetensors + tokenizer)")
+    p.add_argument("adapter", help="adapter folder (a run's adapter/) or a run folder")
+    p.add_argument("--base", help="base model (default: the one recorded beside the adapter)")
+    p.add_argument("--out", help="output folder (default: <run>/merged)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.set_defaults(func=_merge)
+
+    p = verbs.add_parser("config", help="list every config field with its type, default and help")
+    p.set_defaults(func=_describe)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from scalelab.dpo.config import load_dpo_config
+    from scalelab.dpo.run import run_dpo
+    run_dpo(load_dpo_config(args.config, args.set))
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from scalelab.dpo.config import load_dpo_config
+    from scalelab.dpo.run import run_sweep
+    cfg = load_dpo_config(args.config, args.set)
+    rows = run_sweep(cfg, args.beta, args.loss or [cfg.train.loss], args.name)
+    for r in rows:
+        print(f"{r['run']:18s} loss {r['loss_first']} -> {r['loss_last']}  "
+              f"held-out acc {r['heldout_reward_accuracy_last']}")
+    return 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    import json
+    from scalelab.core.hfmodel import load_causal_lm
+    from scalelab.dpo.config import load_dpo_config
+    from scalelab.dpo.run import prepare_data, prepare_run_dir
+    cfg = load_dpo_config(args.config, args.set)
+    rd = prepare_run_dir(cfg)
+    m = cfg.model
+    data = prepare_data(cfg, rd, lambda: load_causal_lm(m.name, m.dtype, m.device, m.cache_dir or None,
+                                                        m.trust_remote_code))
+    print(json.dumps(data.info, indent=2))
+    for p in data.train[:args.show]:
+        print(json.dumps(p.to_record(), indent=2, ensure_ascii=False))
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from scalelab.dpo.export import base_of, merge_adapter
+    adapter = Path(args.adapter)
+    if (adapter / "adapter").is_dir():
+        adapter = adapter / "adapter"
+    out = Path(args.out) if args.out else adapter.parent / "merged"
+    print(merge_adapter(args.base or base_of(adapter), adapter, out, dtype=args.dtype))
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from scalelab.core.config import describe
+    from scalelab.dpo.config import DpoConfig
+    for name, tp, default, help_text in describe(DpoConfig):
+        print(f"{name:32s} {tp:34s} default={default!r}\n{'':32s} {help_text}")
+    return 0

@@ -1,0 +1,144 @@
+"""The preference-tuning job's typed config: model, data, verifier sampling, LoRA, training, margins, hub, run.
+
+Defaults describe the tiny CPU demo; `configs/dpo/*.toml` hold the named experiments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from scalelab.core.config import ConfigError, load_config, param, section
+
+
+@dataclass
+class ModelConfig:
+    name: str = param("smollm2-135m-instruct", "registry name, HF hub id or local folder (core.hfmodel)")
+    dtype: Literal["auto", "float32", "bfloat16"] = param("auto", "weights dtype; auto = bf16 on cuda, fp32 on cpu")
+    device: Literal["auto", "cpu", "cuda"] = param("auto", "auto = cuda when available")
+    cache_dir: str = param("", "where GGUF conversions are cached; '' = $SCALELAB_CACHE or ~/.cache/scalelab")
+    trust_remote_code: bool = param(False, "allow model code from the hub (off: only transformers' own classes)")
+
+
+@dataclass
+class DataConfig:
+    source: Literal["verifier", "ultrafeedback", "hh-rlhf", "pairs"] = param(
+        "verifier", "verifier = sample + grade on an evals task; ultrafeedback / hh-rlhf = public sets; "
+                    "pairs = our own jsonl (prompt/chosen/rejected message lists)")
+    path: str = param("", "hub id or local file/folder; '' = the source's hub id (verifier: <run>/preferences.jsonl)")
+    subset: str = param("", "hub data_dir, e.g. 'harmless-base' for Anthropic/hh-rlhf; '' = none")
+    split: str = param("", "split to load; '' = the source's default (ultrafeedback: train_prefs, hh-rlhf: train)")
+    max_pairs: int = param(0, "keep at most this many pairs before the validation split (seeded); 0 = all", ge=0)
+    val_fraction: float = param(0.1, "share of prompts held out for validation (split by prompt)", ge=0.0, le=0.9)
+    strict: bool = param(True, "malformed rows are an error naming file and line; false = skip and count them")
+    seed: int = param(0, "seed for subsampling and the validation split")
+
+
+@dataclass
+class VerifierConfig:
+    task: str = param("arithmetic", "evals task whose verifier grades the samples (arithmetic, gsm8k, math500, ...)")
+    task_options: Any = param({}, "options of the task, e.g. {digits = 2, operations = \"+-\"} (evals.tasks.get_task)")
+    split: str = param("train", "task split the prompts come from")
+    num_prompts: int = param(64, "prompts to sample from", ge=1)
+    samples_per_prompt: int = param(4, "k answers sampled per prompt", ge=2)
+    temperature: float = param(1.0, "sampling temperature: higher = more mixed right/wrong groups", gt=0.0)
+    top_p: float = param(1.0, "nucleus sampling; 1 = off", gt=0.0, le=1.0)
+    max_new_tokens: int = param(48, "tokens generated per answer", ge=1)
+    batch_prompts: int = param(16, "prompts per generate call (each expands to k sequences)", ge=1)
+    pairs_per_prompt: int = param(2, "most (correct, incorrect) pairs kept per informative prompt", ge=1)
+    seed: int = param(0, "seed for prompt choice, sampling and pairing")
+    reuse: bool = param(True, "reuse an existing preferences.jsonl whose manifest matches this config")
+
+    def validate(self) -> None:
+        if not isinstance(self.task_options, dict):
+            raise ConfigError(f"config field 'verifier.task_options': got {self.task_options!r}; expected a table")
+
+
+@dataclass
+class LoraConfig:
+    rank: int = param(16, "LoRA rank r (Hu et al. 2021, sec. 4)", ge=1)
+    alpha: float = param(32.0, "LoRA scale numerator: update = (alpha / r) * B A", gt=0.0)
+    dropout: float = param(0.05, "dropout on the LoRA input", ge=0.0, le=0.9)
+    target_modules: list[str] = param(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                      "module names to adapt (never lm_head: TRL computes log-probs from its weight)")
+
+
+@dataclass
+class TrainConfig:
+    loss: Literal["dpo", "ipo", "orpo"] = param("dpo", "dpo = sigmoid loss (Rafailov et al. 2023); ipo = squared "
+                                                       "loss (Azar et al. 2023); orpo = odds ratio + SFT, no "
+                                                       "reference (Hong et al. 2024)")
+    beta: float = param(0.1, "DPO/IPO: KL strength beta (IPO's tau); ORPO: odds-ratio weight lambda", gt=0.0)
+    learning_rate: float = param(5e-5, "AdamW peak lr on the LoRA weights", gt=0.0)
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = param("cosine", "lr schedule")
+    warmup_steps: int = param(0, "linear warmup steps", ge=0)
+    max_steps: int = param(12, "optimizer steps; 0 = num_epochs over the train split", ge=0)
+    num_epochs: float = param(1.0, "epochs when max_steps = 0", gt=0.0)
+    batch_size: int = param(4, "pairs per device per micro-batch", ge=1)
+    grad_accum: int = param(1, "micro-batches per optimizer step", ge=1)
+    max_length: int = param(256, "prompt + response tokens kept per sequence (longer: truncated at the end)", ge=8)
+    precompute_ref_logprobs: bool = param(False, "compute reference log-probs once before training "
+                                                 "(saves a forward per step; DPO/IPO only)")
+    gradient_checkpointing: bool = param(False, "recompute activations in backward: less memory, ~30% slower")
+    logging_steps: int = param(1, "trainer log line every N steps", ge=1)
+    save_steps: int = param(0, "checkpoint every N steps for resume; 0 = only at the end", ge=0)
+    resume: bool = param(True, "continue from the last checkpoint in the run folder when one exists")
+    seed: int = param(0, "seed for LoRA init and batch order")
+
+    def validate(self) -> None:
+        if self.precompute_ref_logprobs and self.loss == "orpo":
+            raise ConfigError("config field 'train.precompute_ref_logprobs': ORPO has no reference model; "
+                              "set it to false or choose train.loss = 'dpo' or 'ipo'")
+
+
+@dataclass
+class MarginsConfig:
+    every_steps: int = param(4, "compute margins on the eval subset every N steps (and at start and end)", ge=1)
+    eval_pairs: int = param(16, "fixed validation pairs used for margins", ge=1)
+    bins: int = param(20, "histogram bins", ge=2)
+    batch_pairs: int = param(8, "pairs per forward pass", ge=1)
+
+
+@dataclass
+class HubConfig:
+    push: bool = param(False, "push the adapter to the HF Hub at the end (token from env HF_TOKEN only)")
+    repo_id: str = param("", "hub repo, e.g. user/smollm2-dpo")
+    private: bool = param(True, "create the repo as private")
+
+    def validate(self) -> None:
+        if self.push and not self.repo_id:
+            raise ConfigError("config field 'hub.repo_id': required when hub.push = true")
+
+
+@dataclass
+class RunConfig:
+    name: str = param("tiny-cpu", "run name: the folder is <out_dir>/<name>")
+    out_dir: str = param("runs/dpo", "parent folder of run folders")
+    trackers: list[str] = param([], "extra metric sinks besides JSONL: 'wandb', 'tensorboard'")
+    gpu: str = param("auto", "hardware table key for predictions (auto = detect)")
+
+    def validate(self) -> None:
+        bad = [t for t in self.trackers if t not in ("wandb", "tensorboard")]
+        if bad:
+            raise ConfigError(f"config field 'run.trackers': {bad[0]!r} is not a tracker; "
+                              "allowed values: 'wandb', 'tensorboard'")
+
+
+@dataclass
+class DpoConfig:
+    model: ModelConfig = section(ModelConfig)
+    data: DataConfig = section(DataConfig)
+    verifier: VerifierConfig = section(VerifierConfig)
+    lora: LoraConfig = section(LoraConfig)
+    train: TrainConfig = section(TrainConfig)
+    margins: MarginsConfig = section(MarginsConfig)
+    hub: HubConfig = section(HubConfig)
+    run: RunConfig = section(RunConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+
+def load_dpo_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DpoConfig:
+    return load_config(DpoConfig, path, overrides)

@@ -1,0 +1,60 @@
+"""A trained LoRA adapter -> a merged HF folder the serve job can serve, and an optional push to the HF Hub.
+
+Merging folds W + (alpha/r) B A into each adapted weight (Hu et al. 2021, sec. 4.1: no inference latency),
+so the folder is a plain model of the base architecture: transformers and vLLM load it by path.
+The Hub token is read from the environment (HF_TOKEN) only and is never written to logs or files.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from scalelab.core.hfmodel import load_causal_lm
+
+BASE_RECORD = "scalelab_base.json"  # written beside a saved adapter: the base model name it was trained on
+
+
+def write_base_record(adapter_dir: Path, base: str) -> None:
+    (adapter_dir / BASE_RECORD).write_text(json.dumps({"base_model": base}, indent=2) + "\n")
+
+
+def base_of(adapter_dir: str | Path) -> str:
+    path = Path(adapter_dir) / BASE_RECORD
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} missing: pass the base model explicitly (--base)")
+    return json.loads(path.read_text())["base_model"]
+
+
+def merge_adapter(base: str, adapter: str | Path, out: str | Path, cache_dir: str = "",
+                  dtype: str = "float32") -> Path:
+    """Load base (registry name, hub id or folder), apply the adapter, merge, save safetensors + tokenizer."""
+    from peft import PeftModel
+    model, tokenizer = load_causal_lm(base, dtype=dtype, device="cpu", cache_dir=cache_dir or None)
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    out = Path(out)
+    merged.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+@dataclass(frozen=True)
+class PushResult:
+    repo_id: str
+    url: str
+
+
+def push_folder(folder: str | Path, repo_id: str, private: bool = True,
+                api_factory: Callable[..., object] | None = None) -> PushResult:
+    """Upload a folder (adapter or merged model) to the Hub with the token from HF_TOKEN."""
+    token = os.environ.get("HF_TOKEN")
+    if not token:
+        raise RuntimeError("hub push needs the environment variable HF_TOKEN (it is read from there only)")
+    if api_factory is None:
+        from huggingface_hub import HfApi as api_factory
+    api = api_factory(token=token)
+    api.create_repo(repo_id=repo_id, private=private, exist_ok=True)
+    info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message="scalelab dpo adapter")
+    return PushResult(repo_id, str(getattr(info, "commit_url", info)))

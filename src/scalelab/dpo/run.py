@@ -1,0 +1,281 @@
+"""`scalelab dpo train`: the run-folder lifecycle around TRL.
+
+config.toml -> provenance.json -> preference data (loaded, or sampled and graded for the verifier set)
+-> predictions.json (hash logged, before step 0) -> train with margin tracking -> adapter/ (safetensors)
+-> figures/margins.png -> results.json. Metric sinks mirror metrics.jsonl.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from scalelab.core.config import to_dict
+from scalelab.core.hfmodel import load_causal_lm
+from scalelab.core.jsonio import read_json
+from scalelab.core.rundir import RunDir
+from scalelab.core.tracking import JsonlFollower, make_sinks
+from scalelab.dpo.config import DpoConfig
+from scalelab.dpo.data import PreferencePair, load_pairs, split_by_prompt, subsample
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    train: list[PreferencePair]
+    val: list[PreferencePair]
+    info: dict = field(default_factory=dict)   # source, path, rows read, skipped, sha256, verifier summary
+
+
+def _print_sampling(done: int, total: int) -> None:
+    print(f"sampling: {done}/{total} prompts", flush=True)
+
+
+def verifier_jsonl(cfg: DpoConfig, rd: RunDir, load_model: Callable[[], tuple]) -> tuple[Path, dict]:
+    """The verifier-built set for this config: reused when its manifest matches, else sampled and written."""
+    from scalelab.core.hfmodel import sha256_file
+    from scalelab.dpo.verifier_pairs import (build_verifier_set, manifest_key, manifest_path, reusable,
+                                             write_verifier_set)
+    path = Path(cfg.data.path) if cfg.data.path else rd.path / "preferences.jsonl"
+    key = manifest_key(cfg.model.name, cfg.verifier)
+    if not (cfg.verifier.reuse and reusable(path, key)):
+        from scalelab.evals.tasks import get_task
+        model, tokenizer = load_model()
+        task = get_task(cfg.verifier.task, **cfg.verifier.task_options)
+        pairs, summary = build_verifier_set(model, tokenizer, task, cfg.verifier, on_batch=_print_sampling)
+        write_verifier_set(path, pairs, summary, key)
+        rd.log_event("verifier_set", path=str(path), **asdict(summary))
+    manifest = read_json(manifest_path(path))
+    return path, {"verifier": manifest["summary"], "sha256": sha256_file(path)}
+
+
+def prepare_data(cfg: DpoConfig, rd: RunDir, load_model: Callable[[], tuple]) -> PreparedData:
+    d, info = cfg.data, {"source": cfg.data.source}
+    if d.source == "verifier":
+        path, extra = verifier_jsonl(cfg, rd, load_model)
+        loaded, info = load_pairs("pairs", str(path), strict=d.strict), {**info, "path": str(path), **extra}
+    else:
+        from scalelab.core.hfmodel import sha256_file
+        loaded = load_pairs(d.source, d.path, d.split, d.subset, strict=d.strict)
+        info["path"] = d.path or "(hub default)"
+        if d.path and Path(d.path).is_file():
+            info["sha256"] = sha256_file(d.path)
+    if not loaded.pairs:
+        raise ValueError(f"no preference pairs from source {d.source!r} ({info['path']})")
+    pairs = subsample(loaded.pairs, d.max_pairs, d.seed)
+    train, val = split_by_prompt(pairs, d.val_fraction, d.seed)
+    info |= {"rows_read": loaded.rows_read, "skipped": loaded.n_skipped, "skipped_first": loaded.skipped[:5],
+             "n_pairs": len(pairs), "n_train": len(train), "n_val": len(val)}
+    return PreparedData(train, val, info)
+
+
+# ---------------------------------------------------------------------------------------------
+# model facts for the predictions
+
+
+def model_shape(model, cfg: DpoConfig):
+    import torch
+    from scalelab.dpo.predict import ModelShape
+    targets = set(cfg.lora.target_modules)
+    lora = sum(cfg.lora.rank * (m.in_features + m.out_features) for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets)
+    from scalelab.dpo.train import memory_in_use_bytes
+    p = next(model.parameters())
+    if p.device.type == "cpu":  # safetensors are memory-mapped: page the weights in so the RSS counts them
+        with torch.no_grad():
+            for q in model.parameters():
+                q.sum()
+    text = model.config.get_text_config()
+    return ModelShape(sum(q.numel() for q in model.parameters()), lora, text.hidden_size,
+                      text.num_hidden_layers, p.element_size(), memory_in_use_bytes(p.device.type))
+
+
+def mean_sequence_tokens(tokenizer, pairs: list[PreferencePair], max_length: int, sample: int = 64) -> float:
+    from scalelab.dpo.margins import tokenize_pair
+    lengths = []
+    for p in pairs[:sample]:
+        t = tokenize_pair(tokenizer, p.to_trl())
+        lengths += [min(len(t.prompt_ids) + len(t.chosen_ids), max_length),
+                    min(len(t.prompt_ids) + len(t.rejected_ids), max_length)]
+    return float(statistics.fmean(lengths)) if lengths else float(max_length)
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+
+def prepare_run_dir(cfg: DpoConfig) -> RunDir:
+    rd = RunDir(cfg.run_dir).create(cfg)
+    if not (rd.path / "provenance.json").is_file():
+        rd.write_provenance({"model": cfg.model.name, "loss": cfg.train.loss})
+    else:
+        rd.log_event("relaunch")
+    return rd
+
+
+def _predict(cfg: DpoConfig, rd: RunDir, model, tokenizer, data: PreparedData, resuming: bool) -> None:
+    from scalelab.dpo.predict import predict, write_predictions
+    from scalelab.dpo.train import LOSSES
+    if resuming and (rd.path / "predictions.json").is_file():  # a resumed run keeps its original predictions
+        return
+    seq = mean_sequence_tokens(tokenizer, data.train, cfg.train.max_length)
+    device = next(model.parameters()).device.type
+    write_predictions(rd, predict(cfg, model_shape(model, cfg), seq, len(data.train), device,
+                                  LOSSES[cfg.train.loss].uses_reference))
+
+
+def _callbacks(cfg: DpoConfig, rd: RunDir, model, tokenizer, data: PreparedData) -> list:
+    from scalelab.dpo.margins import MarginCallback
+    from scalelab.dpo.train import RunLogCallback
+    eval_pairs = (data.val or data.train)[:cfg.margins.eval_pairs]
+    rd.log_event("margins_subset", split="val" if data.val else "train", n_pairs=len(eval_pairs))
+    margins = MarginCallback([p.to_trl() for p in eval_pairs], tokenizer, cfg.train.beta, rd.log_event,
+                             cfg.margins.every_steps, cfg.margins.bins, cfg.margins.batch_pairs, cfg.train.max_length)
+    return [RunLogCallback(rd, next(model.parameters()).device.type), margins]
+
+
+def check_same_data(rd: RunDir, info: dict) -> None:
+    """Resuming on other data than the run started with is an error (DESIGN.md principle 4)."""
+    before = [e.get("sha256") for e in _this_training(rd, "data", include_start_data=True)]
+    if before and before[0] != info.get("sha256"):
+        raise ValueError(f"{rd.path}: preference data changed since the run started (sha256 {before[0]} -> "
+                         f"{info.get('sha256')}); start a new run (another run.name) or set train.resume = false")
+
+
+def train_run(cfg: DpoConfig, rd: RunDir) -> dict:
+    from scalelab.dpo.export import push_folder, write_base_record
+    from scalelab.dpo.margins import plot_margins
+    from scalelab.dpo.train import TrainerInputs, build_trainer, resume_point, save_adapter, train
+    t0 = time.perf_counter()
+    model, tokenizer = load_causal_lm(cfg.model.name, cfg.model.dtype, cfg.model.device,
+                                      cfg.model.cache_dir or None, cfg.model.trust_remote_code)
+    data = prepare_data(cfg, rd, lambda: (model, tokenizer))
+    rd.log_event("data", **data.info)
+    checkpoint = resume_point(rd.path / "checkpoints", cfg.train.resume)
+    if checkpoint:
+        check_same_data(rd, data.info)
+    _predict(cfg, rd, model, tokenizer, data, resuming=checkpoint is not None)
+    rd.log_event("train_start", setup_s=time.perf_counter() - t0, resume_from=checkpoint)
+    inputs = TrainerInputs(model, tokenizer, [p.to_trl() for p in data.train], cfg, rd.path / "checkpoints",
+                           tuple(_callbacks(cfg, rd, model, tokenizer, data)))
+    trainer = build_trainer(inputs)
+    train(trainer, checkpoint)
+    adapter_bytes = save_adapter(trainer, rd.path / "adapter")
+    write_base_record(rd.path / "adapter", cfg.model.name)
+    rd.log_event("train_end", wall_s=time.perf_counter() - t0, adapter_bytes=adapter_bytes)
+    plot_margins(_this_training(rd, "margins"), rd.figures / "margins.png")
+    if cfg.hub.push:
+        pushed = push_folder(rd.path / "adapter", cfg.hub.repo_id, cfg.hub.private)
+        rd.log_event("hub_push", repo_id=pushed.repo_id, url=pushed.url)
+    return {"trainer": trainer, "data": data}
+
+
+def run_dpo(cfg: DpoConfig) -> dict:
+    """Train (or resume) the run described by cfg; return results.json's content."""
+    rd = prepare_run_dir(cfg)
+    sinks = make_sinks(cfg.run.trackers, rd.path, project="scalelab-dpo", name=cfg.run.name, config=to_dict(cfg))
+    follower = JsonlFollower(rd.metrics_path, sinks).start() if sinks else None
+    try:
+        train_run(cfg, rd)
+    finally:
+        if follower:
+            follower.stop()
+    results = results_from_run(rd.path)
+    rd.write_results(results)
+    print(format_results(results))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# results (from the run folder alone)
+
+
+def _first_last(records: list[dict], key: str) -> tuple:
+    vals = [r[key] for r in records if isinstance(r.get(key), (int, float))]
+    return (vals[0], vals[-1]) if vals else (None, None)
+
+
+def _this_training(rd: RunDir, kind: str, include_start_data: bool = False) -> list[dict]:
+    """Events of `kind` since the last fresh start (a train_start that resumed nothing): a rerun without a
+    checkpoint trains from scratch, and the earlier attempt's events must not mix into its results.
+    include_start_data: begin at the 'data' event logged just before that start."""
+    events = list(rd.events())
+    starts = [i for i, e in enumerate(events) if e["event"] == "train_start" and not e.get("resume_from")]
+    first = starts[-1] if starts else 0
+    if include_start_data:
+        first = max([i for i, e in enumerate(events[:first]) if e["event"] == "data"], default=first)
+    return [e for e in events[first:] if e["event"] == kind]
+
+
+def results_from_run(path: str | Path) -> dict:
+    rd = RunDir(path)
+    train_logs = [e for e in _this_training(rd, "train") if "loss" in e]
+    margins, steps = _this_training(rd, "margins"), _this_training(rd, "step")
+    step_s = [e["step_s"] for e in steps[1:]] or [e["step_s"] for e in steps]  # first step pays warm-up
+    end = (_this_training(rd, "train_end") or [{}])[-1]
+    loss0, loss1 = _first_last(train_logs, "loss")
+    acc0, acc1 = _first_last(margins, "reward_accuracy")
+    m0, m1 = _first_last(margins, "margin_mean")
+    return {"loss_first": loss0, "loss_last": loss1, "steps": steps[-1]["step"] if steps else 0,
+            "heldout_reward_accuracy_first": acc0, "heldout_reward_accuracy_last": acc1,
+            "heldout_margin_mean_first": m0, "heldout_margin_mean_last": m1,
+            "drift_abs_logratio_chosen_nats_last": _first_last(margins, "drift_abs_logratio_chosen_nats")[1],
+            "train_reward_accuracy_last": _first_last(train_logs, "rewards_accuracies")[1],
+            "step_s_median": statistics.median(step_s) if step_s else None,
+            "peak_memory_gib": max((e["peak_memory_gib"] for e in steps), default=None),
+            "wall_s": end.get("wall_s"), "adapter_bytes": end.get("adapter_bytes"),
+            "predictions": rd.read_optional("predictions.json")}
+
+
+def format_results(r: dict) -> str:
+    p = r.get("predictions") or {}
+    fmt = lambda v, f="{:.3f}": "-" if v is None else f.format(v)  # noqa: E731
+    return "\n".join([
+        f"loss              {fmt(r['loss_first'])} -> {fmt(r['loss_last'])}   (predicted start "
+        f"{fmt(p.get('initial_loss'))})",
+        f"held-out reward accuracy {fmt(r['heldout_reward_accuracy_first'])} -> "
+        f"{fmt(r['heldout_reward_accuracy_last'])}   (predicted {fmt(p.get('heldout_reward_accuracy'))})",
+        f"held-out margin   {fmt(r['heldout_margin_mean_first'])} -> {fmt(r['heldout_margin_mean_last'])}",
+        f"step time         {fmt(r['step_s_median'], '{:.2f}')} s median   (predicted "
+        f"{fmt(p.get('step_s'), '{:.2f}')})",
+        f"peak memory       {fmt(r['peak_memory_gib'], '{:.2f}')} GiB   (predicted "
+        f"{fmt(p.get('peak_memory_gib'), '{:.2f}')})",
+        f"wall              {fmt(r['wall_s'], '{:.0f}')} s, {r['steps']} steps, adapter "
+        f"{fmt(r['adapter_bytes'] and r['adapter_bytes'] / 2**20, '{:.1f}')} MiB"])
+
+
+# ---------------------------------------------------------------------------------------------
+# sweeps: one run per (loss, beta), sharing one preference set
+
+
+def sweep_configs(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_name: str) -> list[DpoConfig]:
+    """Configs of a sweep under <out_dir>/<sweep_name>/<loss>-beta<beta>; a verifier set is built once."""
+    import copy
+    from scalelab.core.config import config_from_dict
+    root = Path(cfg.run.out_dir) / sweep_name
+    out = []
+    for loss in losses:
+        for beta in betas:
+            d = copy.deepcopy(to_dict(cfg))
+            d["train"] |= {"loss": loss, "beta": beta}
+            d["run"] |= {"out_dir": str(root), "name": f"{loss}-beta{beta:g}"}
+            if cfg.data.source == "verifier" and not cfg.data.path:
+                d["data"]["path"] = str(root / "preferences.jsonl")
+            out.append(config_from_dict(DpoConfig, d, origin=f"sweep {sweep_name}"))
+    return out
+
+
+def run_sweep(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_name: str) -> list[dict]:
+    """Run every config of the sweep in turn; write <sweep>/sweep.json with one summary row per run."""
+    from scalelab.core.jsonio import write_json
+    rows = []
+    for c in sweep_configs(cfg, betas, losses, sweep_name):
+        r = run_dpo(c)
+        rows.append({"run": c.run.name, "loss": c.train.loss, "beta": c.train.beta,
+                     **{k: v for k, v in r.items() if k != "predictions"}})
+        write_json(Path(c.run.out_dir) / "sweep.json", rows)
+    return rows
