@@ -14,6 +14,7 @@ JOBS = {
     "demo": ("scalelab.demo", "run the whole offline CPU demo end to end"),
     "dpo": ("scalelab.dpo.commands", "preference tuning: LoRA DPO / IPO / ORPO with TRL, margins, sweep, merge"),
     "serve": ("scalelab.serve.commands", "serving sweep: vLLM/SGLang per TP x batch -> the scaling table, report"),
+    "grpo": ("scalelab.grpo.commands", "GRPO with measured rollout / reward / update / weight-sync phases"),
 }
 
 

@@ -1,0 +1,1 @@
+"""GRPO on a verifiable task: rollout (generate) -> reward (verify) -> update (policy gradient), each measured."""

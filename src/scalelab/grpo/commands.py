@@ -1,0 +1,40 @@
+"""`scalelab grpo <verb>`: train, config."""
+from __future__ import annotations
+
+import argparse
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML config (named configs live in configs/grpo/)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set rollout.staleness=2 (repeatable)")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    verbs = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
+
+    p = verbs.add_parser("train", help="predict, then run GRPO (rollout -> reward -> update -> weight sync), "
+                                       "each phase timed into metrics.jsonl; resumes from the run's checkpoint")
+    _config_args(p)
+    p.set_defaults(func=_train)
+
+    p = verbs.add_parser("config", help="list every config field with its type, default and help")
+    p.set_defaults(func=_describe)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from scalelab.grpo.config import load_grpo_config
+    from scalelab.grpo.train import train
+    cfg = load_grpo_config(args.config, args.set)
+    results = train(cfg)
+    print(f"run folder: {cfg.run_dir}\nreward: first quarter {results.get('reward_first_quarter', float('nan')):.3f}"
+          f" -> last quarter {results.get('reward_last_quarter', float('nan')):.3f}")
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from scalelab.core.config import describe
+    from scalelab.grpo.config import GrpoConfig
+    for name, tp, default, help_text in describe(GrpoConfig):
+        print(f"{name:34s} {tp:34s} default={default!r}\n{'':34s} {help_text}")
+    return 0

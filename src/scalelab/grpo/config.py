@@ -1,0 +1,196 @@
+"""The GRPO job's typed config: model, data, rollout, loss, optim, train, predict and run sections.
+
+Defaults describe a tiny CPU run; `configs/grpo/*.toml` hold the named experiments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from scalelab.core.config import ConfigError, load_config, param, section
+
+# Which trainer -> engine weight-sync methods each rollout engine implements (rollout.py, weightsync.py).
+ENGINE_SYNC_METHODS: dict[str, tuple[str, ...]] = {
+    "hf": ("shared", "inplace"), "vllm_server": ("safetensors", "lora_adapter"), "vllm_colocated": ("inplace",)}
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = param(True, "train LoRA adapters (peft) instead of every weight; the reference model is then "
+                                "the base with adapters disabled, so no second copy is held")
+    r: int = param(16, "LoRA rank (Hu et al. 2021)", ge=1)
+    alpha: float = param(32.0, "LoRA scale numerator: the update is (alpha / r) * B @ A", gt=0.0)
+    dropout: float = param(0.0, "dropout on the LoRA input; 0 keeps generation and training on one policy",
+                           ge=0.0, le=0.5)
+    target_modules: list[str] = param(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                      "module names that get adapters (every linear of a Llama/Qwen2 block)")
+
+
+@dataclass
+class ModelConfig:
+    name: str = param("smollm2-135m-instruct", "registry name, HF hub id or local folder (core.hfmodel)")
+    dtype: Literal["auto", "float32", "bfloat16"] = param("auto", "weights dtype; auto = bf16 on cuda, fp32 on cpu")
+    cache_dir: str = param("", "download/conversion cache for hub models; '' = the loader's default")
+    lora: LoraConfig = section(LoraConfig)
+
+
+@dataclass
+class DataConfig:
+    task: str = param("arithmetic", "verifiable task name (evals.tasks.get_task)")
+    task_options: Any = param({}, "options of the task, passed as get_task(task, **options), e.g. "
+                                  "{digits = 1, operations = '+'} for arithmetic")
+    split: str = param("train", "split the prompts come from")
+    source: str = param("", "data source for the task ('' = its default: offline/embedded)")
+    limit: int = param(0, "use at most this many examples; 0 = all", ge=0)
+    prompts_per_step: int = param(4, "distinct prompts per optimizer step (P); sequences per step = P * group_size",
+                                  ge=1)
+    rewards: list[str] = param(["correctness"], "reward components by registry name (evals.rewards)")
+    reward_weights: list[float] = param([], "weight of each component in the scalar reward; [] = all 1.0")
+    reward_options: Any = param({}, "parameters per reward component, get_reward(name, **options[name]), e.g. "
+                                    "{length_aware = {exploit = 'length'}} for the deliberately hackable reward")
+
+    def validate(self) -> None:
+        if not isinstance(self.task_options, dict):
+            raise ConfigError(f"config field 'data.task_options': expected a table of options, "
+                              f"got {self.task_options!r}")
+        if not isinstance(self.reward_options, dict) or not all(
+                isinstance(v, dict) for v in self.reward_options.values()):
+            raise ConfigError(f"config field 'data.reward_options': expected a table of tables (reward name -> "
+                              f"its parameters), got {self.reward_options!r}")
+        unknown = sorted(set(self.reward_options) - set(self.rewards))
+        if unknown:
+            raise ConfigError(f"config field 'data.reward_options': {unknown[0]!r} is not in data.rewards "
+                              f"{self.rewards}")
+        if self.reward_weights and len(self.reward_weights) != len(self.rewards):
+            raise ConfigError(f"config field 'data.reward_weights': {len(self.reward_weights)} weights for "
+                              f"{len(self.rewards)} rewards {self.rewards}")
+        if not self.rewards:
+            raise ConfigError("config field 'data.rewards': needs at least one reward component")
+
+
+@dataclass
+class ServerConfig:
+    python: str = param(".venv-vllm/bin/python", "python of the venv that runs the vLLM server")
+    tensor_parallel: int = param(1, "server tensor-parallel size", ge=1)
+    gpus: str = param("", "CUDA_VISIBLE_DEVICES of the server, e.g. '1,2,3' with the trainer on GPU 0; "
+                          "'' = inherit")
+    port: int = param(0, "server port; 0 = a free port", ge=0)
+    max_model_len: int = param(1024, "server context length (prompt + completion)", ge=16)
+    gpu_memory_utilization: float = param(0.3, "vLLM's share of GPU memory (colocated or server)", gt=0.0, le=1.0)
+    cpu_kvcache_gib: int = param(1, "VLLM_CPU_KVCACHE_SPACE on a CPU server", ge=1)
+    ready_timeout_s: float = param(600.0, "wait this long for the server to answer /health", gt=0.0)
+    request_timeout_s: float = param(600.0, "one generate request (all prompts of a step)", gt=0.0)
+    full_sync: Literal["reload_rpc", "restart"] = param(
+        "reload_rpc", "full-weight sync into a server: in place through vLLM's dev-mode /collective_rpc "
+                      "reload_weights, or a relaunch on the new folder (measures the restart cost)")
+    enforce_eager: bool = param(False, "no CUDA graphs / torch.compile in vLLM (faster start, slower decode)")
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["hf", "vllm_server", "vllm_colocated"] = param(
+        "hf", "rollout engine: the trainer's own HF generate, a vLLM OpenAI server, or vLLM in-process (GPU)")
+    weight_sync: Literal["auto", "shared", "inplace", "safetensors", "lora_adapter"] = param(
+        "auto", "trainer -> engine sync: shared module (hf), in-place copy (hf/colocated), safetensors folder + "
+                "reload (server), LoRA adapter load (server); auto = shared/inplace/lora_adapter/safetensors by engine")
+    group_size: int = param(8, "completions per prompt (G in GRPO, Shao et al. 2024)", ge=2)
+    temperature: float = param(1.0, "sampling temperature; the policy in the loss is softmax(logits / T)", gt=0.0)
+    top_p: float = param(1.0, "nucleus sampling; < 1 makes the sampled distribution differ from the loss's policy",
+                         gt=0.0, le=1.0)
+    max_new_tokens: int = param(64, "completion budget per sequence", ge=1)
+    staleness: int = param(0, "rollouts used at step t come from the weights of step t-k (k=0: on-policy)", ge=0)
+    server: ServerConfig = section(ServerConfig)
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = param(0.2, "PPO clip: ratio floor 1 - clip_low (Schulman et al. 2017)", ge=0.0, le=1.0)
+    clip_high: float = param(0.2, "ratio ceiling 1 + clip_high; > clip_low is DAPO's clip-higher (Yu et al. 2025)",
+                             ge=0.0)
+    kl_coef: float = param(0.0, "beta of the k3 KL penalty to the reference (DeepSeekMath eq. 4); 0 = no "
+                                "reference pass", ge=0.0)
+    scale_rewards: Literal["group_std", "none"] = param(
+        "group_std", "divide group-centred rewards by the group std (GRPO) or not (Dr. GRPO, Liu et al. 2025)")
+    aggregation: Literal["token_mean", "seq_mean", "seq_sum_norm"] = param(
+        "token_mean", "loss over tokens: mean over all tokens of the step (DAPO), mean of per-sequence means "
+                      "(GRPO), or per-sequence sums / max_new_tokens (Dr. GRPO)")
+    is_correction: bool = param(False, "multiply by the truncated IS weight min(pi_old / pi_behavior, is_cap) "
+                                       "(V-trace truncation, Espeholt et al. 2018) for stale rollouts")
+    is_cap: float = param(2.0, "truncation level C of the IS weight", gt=0.0)
+    updates_per_batch: int = param(1, "optimizer steps on each rollout batch (mu in GRPO); > 1 needs pi_old",
+                                   ge=1)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = param(1e-5, "AdamW learning rate", gt=0.0)
+    warmup_steps: int = param(0, "linear warmup from 0 over this many optimizer steps, then constant", ge=0)
+    weight_decay: float = param(0.0, "AdamW decay", ge=0.0)
+    beta1: float = param(0.9, "AdamW beta1", ge=0.0, le=1.0)
+    beta2: float = param(0.99, "AdamW beta2", ge=0.0, le=1.0)
+    grad_clip: float = param(1.0, "clip global grad norm; 0 disables", ge=0.0)
+    micro_batch_size: int = param(8, "sequences per forward/backward; the step's P*G sequences are accumulated",
+                                  ge=1)
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = param(20, "optimizer steps (rollout batches x updates_per_batch)", ge=1)
+    seed: int = param(0, "seed for init, prompt order and sampling")
+    device: Literal["auto", "cpu", "cuda"] = param("auto", "auto = cuda when available")
+    checkpoint_every: int = param(10, "atomic checkpoint every N steps (and at the end); 0 = end only", ge=0)
+    resume: bool = param(True, "continue from the run folder's checkpoint when one exists")
+    torch_threads: int = param(0, "intra-op CPU threads; 0 = torch's default (all cores). On a CPU shared with "
+                                  "other jobs fewer threads avoid OpenMP workers spinning against each other", ge=0)
+    gpu_sample_hz: float = param(20.0, "NVML utilization/memory samples per second (GPU only)", gt=0.0)
+
+
+@dataclass
+class PredictConfig:
+    decode_efficiency: float = param(0.5, "share of the roofline decode rate (weights read once per step at "
+                                          "memory bandwidth, or peak FLOP/s) the engine reaches", gt=0.0, le=1.0)
+    decode_step_overhead_ms: float = param(10.0, "fixed cost of one decode step (sampling, Python, launches); "
+                                                 "dominates for small models", ge=0.0)
+    train_mfu: float = param(0.1, "model FLOPs utilization assumed for the forward/backward passes", gt=0.0,
+                             le=1.0)
+    mean_length_frac: float = param(1.0, "expected completion length / max_new_tokens", gt=0.0, le=1.0)
+
+
+@dataclass
+class RunConfig:
+    name: str = param("tiny-cpu", "run name: the folder is <out_dir>/<name>")
+    out_dir: str = param("runs/grpo", "parent folder of run folders")
+    gpu: str = param("auto", "hardware table key for predictions (auto = detect)")
+
+
+@dataclass
+class GrpoConfig:
+    model: ModelConfig = section(ModelConfig)
+    data: DataConfig = section(DataConfig)
+    rollout: RolloutConfig = section(RolloutConfig)
+    loss: LossConfig = section(LossConfig)
+    optim: OptimConfig = section(OptimConfig)
+    train: TrainConfig = section(TrainConfig)
+    predict: PredictConfig = section(PredictConfig)
+    run: RunConfig = section(RunConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.data.prompts_per_step * self.rollout.group_size
+
+    def validate(self) -> None:
+        engine, sync = self.rollout.engine, self.rollout.weight_sync
+        if sync != "auto" and sync not in ENGINE_SYNC_METHODS[engine]:
+            raise ConfigError(f"config field 'rollout.weight_sync': {sync!r} does not work with rollout.engine="
+                              f"{engine!r}; allowed: 'auto', {', '.join(map(repr, ENGINE_SYNC_METHODS[engine]))}")
+        if self.rollout.weight_sync == "lora_adapter" and not self.model.lora.enabled:
+            raise ConfigError("config field 'rollout.weight_sync': 'lora_adapter' needs model.lora.enabled=true")
+
+
+def load_grpo_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> GrpoConfig:
+    return load_config(GrpoConfig, path, overrides)
