@@ -54,6 +54,18 @@ class WandbSink:
         self.run.finish()
 
 
+TRACKERS = ("wandb", "tensorboard")
+
+
+def check_trackers(names: list[str], field: str = "run.trackers") -> None:
+    """Refuse an unknown sink name at config load, naming the field and the allowed values."""
+    from scalelab.core.config import ConfigError
+    bad = [t for t in names if t not in TRACKERS]
+    if bad:
+        raise ConfigError(f"config field '{field}': {bad[0]!r} is not a tracker; allowed values: "
+                          + ", ".join(repr(t) for t in TRACKERS))
+
+
 def make_sinks(names: list[str], run_dir: Path, project: str, name: str, config: dict) -> list[Sink]:
     factories = {"tensorboard": lambda: TensorBoardSink(run_dir),
                  "wandb": lambda: WandbSink(run_dir, project, name, config)}

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from scalelab.core.config import ConfigError, load_config, param, section
+from scalelab.core.tracking import check_trackers
 
 
 @dataclass
@@ -118,10 +119,7 @@ class RunConfig:
     gpu: str = param("auto", "hardware table key for predictions (auto = detect)")
 
     def validate(self) -> None:
-        bad = [t for t in self.trackers if t not in ("wandb", "tensorboard")]
-        if bad:
-            raise ConfigError(f"config field 'run.trackers': {bad[0]!r} is not a tracker; "
-                              "allowed values: 'wandb', 'tensorboard'")
+        check_trackers(self.trackers)
 
 
 @dataclass

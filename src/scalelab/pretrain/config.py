@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 from scalelab.core.config import ConfigError, dump_toml, load_config, param, section
+from scalelab.core.tracking import check_trackers
 
 GPT2_VOCAB = 50257
 GPT2_PADDED_VOCAB = 50304  # next multiple of 128: wider matmul tiles (Karpathy, nanoGPT/llm.c)
@@ -98,10 +99,7 @@ class RunConfig:
     price_per_gpu_hour: float = param(-1.0, "USD per GPU-hour for cost accounting; < 0 = hardware table default")
 
     def validate(self) -> None:
-        bad = [t for t in self.trackers if t not in ("wandb", "tensorboard")]
-        if bad:
-            raise ConfigError(f"config field 'run.trackers': {bad[0]!r} is not a tracker; "
-                              "allowed values: 'wandb', 'tensorboard'")
+        check_trackers(self.trackers)
 
 
 @dataclass
