@@ -6,6 +6,7 @@ text and its constraints (range, allowed values). Loading validates every value 
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -245,3 +246,10 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
         else:
             rows.append((f"{prefix}{f.name}", _type_name(tp), getattr(defaults, f.name), f.metadata.get("help", "")))
     return rows
+
+
+def add_config_args(p: argparse.ArgumentParser, job: str, example: str) -> None:
+    """--config FILE and repeatable --set KEY=VALUE: the same two options on every job's config-taking verbs."""
+    p.add_argument("--config", help=f"TOML config (named configs live in configs/{job}/)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override a config field, e.g. --set {example} (repeatable)")

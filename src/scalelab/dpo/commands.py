@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from scalelab.core.config import add_config_args
+
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML config (named configs live in configs/dpo/)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set train.beta=0.3 (repeatable)")
+    add_config_args(p, "dpo", "train.beta=0.3")
 
 
 def _floats(text: str) -> list[float]:

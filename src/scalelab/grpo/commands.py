@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import argparse
 
+from scalelab.core.config import add_config_args
+
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML config (named configs live in configs/grpo/)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set rollout.staleness=2 (repeatable)")
+    add_config_args(p, "grpo", "rollout.staleness=2")
 
 
 def register(parser: argparse.ArgumentParser) -> None:

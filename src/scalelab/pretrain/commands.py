@@ -5,11 +5,11 @@ import argparse
 import os
 from pathlib import Path
 
+from scalelab.core.config import add_config_args
+
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML config (named configs live in configs/pretrain/)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set optim.lr=3e-4 (repeatable)")
+    add_config_args(p, "pretrain", "optim.lr=3e-4")
 
 
 def register(parser: argparse.ArgumentParser) -> None:

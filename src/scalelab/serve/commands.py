@@ -5,11 +5,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from scalelab.core.config import add_config_args
+
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML config (named configs live in configs/serve/)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set sweep.repeats=5 (repeatable)")
+    add_config_args(p, "serve", "sweep.repeats=5")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
