@@ -157,6 +157,8 @@ def test_run_folder_has_tables_figures_and_report(swept):
     assert header_line() in (run / "table.md").read_text()
     table = read_json(run / "table.json")
     assert table["hardware"]["key"] == "h100-sxm" and table["usd_per_gpu_hour"] == 2.5
+    prov = read_json(run / "provenance.json")
+    assert table["provenance"] == {"git_sha": prov["git_sha"], "command": prov["command"], "source": "provenance.json"}
     ok = table["rows"][1]
     assert ok["usd_per_1m_output_tokens"] == pytest.approx(2.5 * ok["figures"]["gpu_hours_per_1m"])
     assert {p.name for p in (run / "figures").glob("*.png")} >= {"throughput_vs_latency.png",

@@ -1,6 +1,8 @@
 """What a run records about where it ran: code version, packages, hardware, data, command."""
 from __future__ import annotations
 
+import json
+
 import os
 import subprocess
 import sys
@@ -48,3 +50,13 @@ def collect(extra: dict | None = None) -> dict:
         "hardware": host_description(),
         **(extra or {}),
     }
+
+
+def folder_provenance(run_dir: str | Path) -> dict:
+    """The git sha and command of the run folder's provenance.json, for a results file written into that folder
+    later (a table, a refit), so the file names what produced its inputs; {} when the folder has none."""
+    path = Path(run_dir) / "provenance.json"
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return {"git_sha": data.get("git_sha", ""), "command": data.get("command", ""), "source": "provenance.json"}

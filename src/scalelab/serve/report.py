@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from scalelab.core.jsonio import write_json
+from scalelab.core.provenance import folder_provenance
 from scalelab.serve.compare import (
     Comparison, comparison_table, comparisons, cost_sentence, cost_table, coverage_sentence, ratio_summary,
     render_table, score_sentence,
@@ -173,7 +174,8 @@ def write_report(run_dir: str | Path, api_prices: Mapping[str, float] | None = N
     folder = a.data.run_dir
     if a.calibrated.rows:
         write_json(folder / "predictions_calibrated.json", {"calibration": a.calibrated.calibration.to_dict(),
-                                                            "rows": [r.to_dict() for r in a.calibrated.rows]})
+                                                            "rows": [r.to_dict() for r in a.calibrated.rows],
+                                                            "provenance": folder_provenance(folder)})
     plot_predicted_vs_measured(a.comparisons, folder / "figures" / "predicted_vs_measured.png")
     out = folder / "REPORT.md"
     out.write_text(render_report(a))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from scalelab.core.jsonio import iter_jsonl, read_json, write_json
+from scalelab.core.provenance import folder_provenance
 from scalelab.serve.rows import Row, RowFigures, RowKey, row_from_dict
 
 COLUMNS = ("Config", "Throughput (tok/s)", "p50 TTFT (ms)", "p99 TTFT (ms)", "p50 ITL (ms)", "p99 ITL (ms)",
@@ -179,7 +180,7 @@ def write_tables(run_dir: Path, rows: Sequence[Row], head: TableHeader) -> dict[
     paths = {"md": run_dir / "table.md", "csv": run_dir / "table.csv", "json": run_dir / "table.json"}
     paths["md"].write_text(render_markdown(rows, head))
     paths["csv"].write_text(render_csv(rows, head))
-    write_json(paths["json"], table_json(rows, head))
+    write_json(paths["json"], {**table_json(rows, head), "provenance": folder_provenance(run_dir)})
     return paths
 
 
