@@ -1,4 +1,4 @@
-"""The preference-tuning job's typed config: model, data, verifier sampling, LoRA, training, margins, hub, run.
+"""The preference-tuning job's typed config: model, data, verifier sampling, LoRA, training, margins, hub, battery, run.
 
 Defaults describe the tiny CPU demo; `configs/dpo/*.toml` hold the named experiments.
 """
@@ -78,9 +78,15 @@ class TrainConfig:
     batch_size: int = param(4, "pairs per device per micro-batch", ge=1)
     grad_accum: int = param(1, "micro-batches per optimizer step", ge=1)
     max_length: int = param(256, "prompt + response tokens kept per sequence (longer: truncated at the end)", ge=8)
-    precompute_ref_logprobs: bool = param(False, "compute reference log-probs once before training "
-                                                 "(saves a forward per step; DPO/IPO only)")
+    precompute_ref_logprobs: bool = param(False, "compute reference log-probs once before training (DPO/IPO "
+                                                 "only): a step loses its reference forward, the same forward is "
+                                                 "paid up front, so it pays from the second epoch on")
     gradient_checkpointing: bool = param(False, "recompute activations in backward: less memory, ~30% slower")
+    packing: Literal["none", "padding_free", "shared_prompt"] = param(
+        "none", "DPO/IPO forward layout. none = TRL's: each micro-batch padded to its longest sequence; "
+                "padding_free = the sequences packed into one row, attention per sequence (sdpa), so no compute "
+                "goes to pad tokens; shared_prompt = padding_free and each pair's prompt run once, chosen and "
+                "rejected attending to it (prefix sharing, Wang & Hegde 2024). Same loss, fewer tokens computed")
     logging_steps: int = param(1, "trainer log line every N steps", ge=1)
     save_steps: int = param(0, "checkpoint every N steps for resume; 0 = only at the end", ge=0)
     resume: bool = param(True, "continue from the last checkpoint in the run folder when one exists")
@@ -90,6 +96,9 @@ class TrainConfig:
         if self.precompute_ref_logprobs and self.loss == "orpo":
             raise ConfigError("config field 'train.precompute_ref_logprobs': ORPO has no reference model; "
                               "set it to false or choose train.loss = 'dpo' or 'ipo'")
+        if self.packing != "none" and self.loss == "orpo":
+            raise ConfigError(f"config field 'train.packing': {self.packing!r} applies to DPO/IPO only; "
+                              "set it to 'none' or choose train.loss = 'dpo' or 'ipo'")
 
 
 @dataclass
@@ -122,6 +131,53 @@ class RunConfig:
         check_trackers(self.trackers)
 
 
+BATTERY_PARTS = ("mmlu", "truthfulqa", "own", "target", "mtbench")
+
+
+@dataclass
+class BatteryConfig:
+    enabled: bool = param(False, "after train/sweep: evaluate base and base+adapter (dpo.battery), then REPORT.md")
+    parts: list[str] = param(list(BATTERY_PARTS), "parts to run: mmlu (lm-eval, 5-shot), truthfulqa (MC1 + MC2), "
+                                                  "own (own_tasks), target (the tuned task, held out), mtbench")
+    data_dir: str = param("", "folder with mmlu/, truthfulqa/, mt_bench/; '' = ../shared/data "
+                              "($SCALELAB_SHARED_DATA)")
+    source: Literal["local", "hub"] = param("local", "local = our lm-eval YAMLs on data_dir's copies; "
+                                                     "hub = lm-eval's own tasks, data from the hub")
+    mmlu_limit: int = param(0, "MMLU questions per subject (lm-eval limits each of the 57); 0 = all 14,042", ge=0)
+    mmlu_fewshot: int = param(5, "MMLU exemplars per prompt: 5 is the reported setting (Hendrycks et al. 2021); "
+                                 "0 makes prompts ~6x shorter, for CPU demos", ge=0)
+    truthfulqa_limit: int = param(0, "TruthfulQA questions, MC1 and MC2 each; 0 = all", ge=0)
+    lm_eval_batch_size: int = param(8, "lm-eval requests per forward pass", ge=1)
+    own_tasks: list[str] = param(["toolcall_schema", "toolcall_args", "ifeval_lite"],
+                                 "own generation tasks with programmatic checkers (evals.tasks names)")
+    own_n: int = param(64, "test-split examples per own task", ge=1)
+    target_task: str = param("", "task the run was tuned for; '' = verifier.task with verifier.task_options")
+    target_split: str = param("test", "held-out split of the target task")
+    target_n: int = param(200, "target examples", ge=1)
+    mtbench_limit: int = param(0, "MT-Bench questions; 0 = all 80", ge=0)
+    max_new_tokens: int = param(256, "greedy generation limit, own and target tasks", ge=1)
+    mtbench_max_new_tokens: int = param(1024, "greedy generation limit per MT-Bench turn", ge=1)
+    gen_batch_size: int = param(16, "prompts per generate call (left-padded, sorted by length)", ge=1)
+    judge_url: str = param("", "OpenAI-compatible base URL of the MT-Bench judge; '' = MT-Bench not measured")
+    judge_model: str = param("", "judge model name; '' = MT-Bench not measured")
+    judge_api_key_env: str = param("OPENAI_API_KEY", "environment variable holding the judge's key (read there only)")
+    mtbench_max_drop: float = param(0.5, "evidence row: largest allowed drop of the mean MT-Bench score (1-10)", ge=0.0)
+    dtype: Literal["", "auto", "float32", "bfloat16"] = param("", "'' = model.dtype")
+    device: Literal["", "auto", "cpu", "cuda"] = param("", "'' = model.device")
+    bootstrap_resamples: int = param(10_000, "paired-bootstrap resamples per comparison", ge=100)
+    seed: int = param(0, "seed of the generated tasks' examples and of the bootstrap")
+
+    def validate(self) -> None:
+        bad = [p for p in self.parts if p not in BATTERY_PARTS]
+        if bad or len(set(self.parts)) != len(self.parts):
+            raise ConfigError(f"config field 'battery.parts': got {self.parts!r}; allowed: "
+                              f"{', '.join(BATTERY_PARTS)}, each at most once")
+        if "own" in self.parts and not self.own_tasks:
+            raise ConfigError("config field 'battery.own_tasks': empty while battery.parts has 'own'")
+        if len(set(self.own_tasks)) != len(self.own_tasks):
+            raise ConfigError(f"config field 'battery.own_tasks': {self.own_tasks!r} names a task twice")
+
+
 @dataclass
 class DpoConfig:
     model: ModelConfig = section(ModelConfig)
@@ -131,6 +187,7 @@ class DpoConfig:
     train: TrainConfig = section(TrainConfig)
     margins: MarginsConfig = section(MarginsConfig)
     hub: HubConfig = section(HubConfig)
+    battery: BatteryConfig = section(BatteryConfig)
     run: RunConfig = section(RunConfig)
 
     @property

@@ -9,9 +9,14 @@ trl 1.x lives under `trl.experimental.orpo`. Two choices of TRL 1.16 that change
 divides each log-ratio by the response's token count, and its ORPO takes the NLL term over prompt and
 response tokens (the paper's L_SFT is over the response). The policy is the base model plus a LoRA adapter (Hu et al.
 2021); the reference is the same network with the adapter disabled, so no second copy is held in memory.
+
+DPO and IPO run through a DPOTrainer subclass with two throughput options that leave the loss unchanged:
+train.packing (scalelab.dpo.packing: no compute on pad tokens, optionally the prompt run once per pair) and
+train.precompute_ref_logprobs (the reference forward done once per pair before training instead of every step).
 """
 from __future__ import annotations
 
+import functools
 import resource
 import time
 from dataclasses import dataclass
@@ -74,14 +79,69 @@ def _dataset(rows: list[dict]):
     return Dataset.from_list(rows)
 
 
+def precompute_reference(trainer, dataset, batch_size: int):
+    """`dataset` with columns ref_chosen_logps / ref_rejected_logps: the reference's summed completion log-probs,
+    from TRL's own `compute_ref_log_probs` (adapter disabled), one pass in dataset order. TRL's
+    precompute_ref_log_probs does the same after a sha256 of a float32 CPU copy of every weight (the key of its
+    disk cache), which sends a 7B model's 15 GB through the host on every run."""
+    from datasets import Value
+    from torch.utils.data import DataLoader
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=trainer.data_collator, shuffle=False)
+    device = trainer.accelerator.device
+    chosen, rejected = [], []
+    for batch in loader:
+        c, r = trainer.compute_ref_log_probs(trainer.model, {k: v.to(device) for k, v in batch.items()})
+        chosen += c.float().tolist()
+        rejected += r.float().tolist()
+    return (dataset.add_column("ref_chosen_logps", chosen, feature=Value("float32"))
+            .add_column("ref_rejected_logps", rejected, feature=Value("float32")))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@functools.cache
+def dpo_trainer_class():
+    """TRL's DPOTrainer with train.packing (scalelab.dpo.packing) and an in-memory reference precompute whose
+    wall time is kept in `ref_precompute_s`. Built on first use so that importing this module stays light."""
+    from accelerate.utils import is_peft_model
+    from trl import DPOTrainer
+    from scalelab.dpo.packing import enable_packing
+
+    class ScalelabDPOTrainer(DPOTrainer):
+        def __init__(self, *args, packing: str = "none", precompute_ref: bool = False, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.ref_precompute_s = 0.0
+            if packing != "none":
+                base = self.model.get_base_model() if is_peft_model(self.model) else self.model
+                for m in (base, self.ref_model):
+                    if m is not None:
+                        enable_packing(m, share_prompt=packing == "shared_prompt")
+            if precompute_ref:
+                if self.eval_dataset is not None:
+                    raise ValueError("precompute_ref covers the train split only; pass no eval_dataset")
+                _sync(self.accelerator.device)
+                t0 = time.perf_counter()
+                self.train_dataset = precompute_reference(self, self.train_dataset,
+                                                          self.args.per_device_train_batch_size)
+                _sync(self.accelerator.device)
+                self.ref_precompute_s = time.perf_counter() - t0
+                self.precompute_ref_logps = True  # TRL's _compute_loss then reads the columns, no reference forward
+
+    return ScalelabDPOTrainer
+
+
 def _dpo_family(loss_type: str) -> Callable[[TrainerInputs], object]:
     def build(inp: TrainerInputs):
-        from trl import DPOConfig, DPOTrainer
-        args = DPOConfig(**common_args(inp), loss_type=[loss_type],
-                         precompute_ref_log_probs=inp.cfg.train.precompute_ref_logprobs)
-        return DPOTrainer(model=inp.model, args=args, train_dataset=_dataset(inp.train_rows),
-                          processing_class=inp.tokenizer, callbacks=list(inp.callbacks),
-                          peft_config=lora_config(inp.cfg))
+        from trl import DPOConfig
+        t = inp.cfg.train
+        args = DPOConfig(**common_args(inp), loss_type=[loss_type])
+        return dpo_trainer_class()(model=inp.model, args=args, train_dataset=_dataset(inp.train_rows),
+                                   processing_class=inp.tokenizer, callbacks=list(inp.callbacks),
+                                   peft_config=lora_config(inp.cfg), packing=t.packing,
+                                   precompute_ref=t.precompute_ref_logprobs)
     return build
 
 
