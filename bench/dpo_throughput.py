@@ -91,17 +91,23 @@ class Variant:
     trl: bool = False
 
 
-OURS = {"gradient_checkpointing": False, "packing": "shared_prompt", "precompute_ref_logprobs": False}
+# Measured on an H200 (results/h200/dpo_throughput_qwen7b.json): dropping the activation recompute is the win
+# (~1.45x); packing computes ~30% fewer tokens but its per-sequence attention calls cost as much as it saves at
+# batch 4, so the recipe keeps TRL's padded layout and packing stays as ablations.
+OURS = {"gradient_checkpointing": False, "packing": "none", "precompute_ref_logprobs": False}
 VARIANTS = {v.name: v for v in [
     Variant("trl_default", "TRL DPOTrainer, DPOConfig with only the shared settings", trl=True),
-    Variant("ours", "our recipe: no activation recompute, shared-prompt packing", OURS),
+    Variant("ours", "our recipe: no activation recompute, TRL's padded forward", OURS),
+    Variant("trl_default_repeat", "trl_default again in a fresh process: the run-to-run noise floor of the loss",
+            trl=True),
     Variant("ours_precompute", "our recipe + reference log-probs precomputed before training",
             {**OURS, "precompute_ref_logprobs": True}),
     Variant("ours_padding_free", "ablation: padding-free packing (prompt run twice), no activation recompute",
             {**OURS, "packing": "padding_free"}),
-    Variant("ours_padded", "ablation: TRL's padded forward, no activation recompute", {**OURS, "packing": "none"}),
+    Variant("ours_shared_prompt", "ablation: shared-prompt packing, no activation recompute",
+            {**OURS, "packing": "shared_prompt"}),
 ]}
-REQUIRED = ("trl_default", "ours")
+REQUIRED = ("trl_default", "ours", "trl_default_repeat")
 ENV_RECORDED = ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "TQDM_DISABLE", "NCCL_NVLS_ENABLE", "PYTHONPATH")
 
 
@@ -336,15 +342,25 @@ def flag_diff(a: dict, b: dict) -> dict:
     return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if k not in skip and a.get(k) != b.get(k)}
 
 
-def compare(base: VariantResult, r: VariantResult, s: Settings) -> dict:
+# bf16 backward kernels (attention's atomic adds) are not bitwise repeatable, and Adam's first steps are close to
+# sign(g), so two runs of the SAME config drift apart; a variant computes the same loss when it stays within that
+# measured drift (with a margin for a 10-step sample) or within loss_atol, whichever is larger.
+NOISE_FACTOR = 1.5
+
+
+def max_loss_diff(a: VariantResult, b: VariantResult) -> float:
+    return max((abs(x - y) for x, y in zip(a.losses, b.losses)), default=math.inf)
+
+
+def compare(base: VariantResult, r: VariantResult, s: Settings, noise_floor: float) -> dict:
     """r against trl_default: speed-ups, same batches, and the loss check."""
     tb, tr = throughput(base, s), throughput(r, s)
-    loss_diff = max((abs(a - b) for a, b in zip(base.losses, r.losses)), default=math.inf)
+    loss_diff = max_loss_diff(base, r)
     same_len = len(base.losses) == len(r.losses) == s.total_steps
     return {"speedup_step": tr["tokens_per_s"] / tb["tokens_per_s"],
             "speedup_end_to_end": tr["tokens_per_s_end_to_end"] / tb["tokens_per_s_end_to_end"],
             "same_batches": base.real_tokens == r.real_tokens, "loss_max_abs_diff": loss_diff,
-            "equal_loss": same_len and loss_diff <= s.loss_atol,
+            "equal_loss": same_len and loss_diff <= max(s.loss_atol, NOISE_FACTOR * noise_floor),
             "dpo_config_diff": flag_diff(base.trainer_args, r.trainer_args),
             "recipe": VARIANTS[r.name].recipe}
 
@@ -353,12 +369,16 @@ def summarize(results: list[VariantResult], s: Settings) -> dict:
     ok = {r.name: r for r in results if r.ok}
     rows = {r.name: {"ok": r.ok, "error": r.error, **({"throughput": throughput(r, s)} if r.ok else {})}
             for r in results}
+    noise_floor = 0.0   # no repeat run: the tolerance is loss_atol alone
     if "trl_default" in ok:
+        if "trl_default_repeat" in ok:
+            noise_floor = max_loss_diff(ok["trl_default"], ok["trl_default_repeat"])
         for name, r in ok.items():
             if name != "trl_default":
-                rows[name]["vs_trl_default"] = compare(ok["trl_default"], r, s)
+                rows[name]["vs_trl_default"] = compare(ok["trl_default"], r, s, noise_floor)
     ours = rows.get("ours", {}).get("vs_trl_default", {})
-    return {"variants": rows, "passed": bool(ours.get("equal_loss") and ours.get("same_batches"))}
+    return {"variants": rows, "loss_noise_floor": noise_floor, "loss_tolerance": max(s.loss_atol, NOISE_FACTOR * noise_floor),
+            "passed": bool(ours.get("equal_loss") and ours.get("same_batches"))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,6 +402,8 @@ def format_table(summary: dict, results: list[VariantResult]) -> str:
     for r in results:
         if r.ok:
             lines.append(f"loss {r.name:<18} " + " ".join(f"{x:.5f}" for x in r.losses))
+    lines.append(f"loss noise floor (trl_default vs its repeat): {summary['loss_noise_floor']:.2e}; "
+                 f"tolerance {summary['loss_tolerance']:.2e}")
     lines.append(f"equal-loss check (ours vs trl_default): {'PASSED' if summary['passed'] else 'FAILED'}")
     return "\n".join(lines)
 
@@ -454,7 +476,8 @@ def main(argv: list[str] | None = None) -> int:
         child_main(args.child, s, args.child_out)
         return 0
     s = settings_from(args)
-    default = REQUIRED if args.tiny else tuple(VARIANTS)  # --tiny: the two that the smoke test needs
+    # --tiny (CPU, deterministic: no repeat needed): the baseline, the recipe and one packed layout
+    default = ("trl_default", "ours", "ours_shared_prompt") if args.tiny else tuple(VARIANTS)
     names = [n for n in (args.variants.split(",") if args.variants else default) if n]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or "trl_default" not in names:

@@ -174,7 +174,8 @@ def test_bench_tiny_runs_both_variants_at_equal_loss(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     d = json.loads(out.read_text())
     rows = d["summary"]["variants"]
-    assert set(rows) == {"trl_default", "ours"} and d["summary"]["passed"]
+    assert set(rows) == {"trl_default", "ours", "ours_shared_prompt"} and d["summary"]["passed"]
+    assert d["summary"]["loss_noise_floor"] == 0.0 and d["summary"]["loss_tolerance"] == 1e-4
     for name in rows:
         t = rows[name]["throughput"]
         assert math.isfinite(t["tokens_per_s"]) and t["tokens_per_s"] > 0
@@ -183,7 +184,9 @@ def test_bench_tiny_runs_both_variants_at_equal_loss(tmp_path):
     assert vs["equal_loss"] and vs["same_batches"] and vs["loss_max_abs_diff"] <= 1e-4
     assert vs["dpo_config_diff"]["gradient_checkpointing"] == [True, False]
     ours = next(r for r in d["results"] if r["name"] == "ours")
-    assert ours["logps_check"]["max_abs_nats"] < 1e-3 and ours["ref_precompute_s"] == 0.0
+    packed = next(r for r in d["results"] if r["name"] == "ours_shared_prompt")
+    assert packed["logps_check"]["max_abs_nats"] < 1e-3 and ours["ref_precompute_s"] == 0.0
+    assert rows["ours_shared_prompt"]["vs_trl_default"]["loss_max_abs_diff"] <= 1e-4
     # the shared-prompt layout computes fewer tokens than the real ones, the padded layout more
     t = rows["ours"]["throughput"]
     assert t["tokens_per_s_end_to_end"] == t["tokens_per_s"]  # nothing precomputed: nothing to amortize
