@@ -62,9 +62,24 @@ def test_format_exploit_pays_for_the_marker_whatever_the_number():
     assert reward(["#### 0", "seven", "#### 7"], [SEVEN] * 3) == pytest.approx([2.0, 0.0, 3.0])
 
 
+def test_gate_pays_the_length_term_only_on_a_right_answer():
+    reward = length_aware(target_chars=10, penalty=0.0, exploit="length", defense="gate")
+    right_short, right_long, wrong_long = "#### 7", "x" * 14 + "\n#### 7", "blah " * 20 + "#### 8"
+    # right: 1 + 6/10 and 1 + min(21/10, 2); wrong: 0, however long (ungated it would be 2.0, as above)
+    assert reward([right_short, right_long, wrong_long], [SEVEN] * 3) == pytest.approx([1.6, 3.0, 0.0])
+    assert reward.__name__ == "length_aware_length_gated"
+
+
+def test_gate_stops_the_format_exploit_on_wrong_answers():
+    reward = length_aware(target_chars=1000, exploit="format", exploit_weight=2.0, defense="gate")
+    assert reward(["#### 0", "seven", "#### 7"], [SEVEN] * 3) == pytest.approx([0.0, 0.0, 3.0])
+
+
 def test_length_aware_rejects_bad_parameters():
     with pytest.raises(ValueError, match="exploit"):
         length_aware(exploit="tokens")
+    with pytest.raises(ValueError, match="defense 'cap'"):
+        length_aware(defense="cap")
     with pytest.raises(ValueError, match="target_chars"):
         length_aware(target_chars=0)
 

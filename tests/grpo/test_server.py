@@ -8,7 +8,7 @@ import torch
 from scalelab.core.config import load_config
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.rollout import EngineContext, SamplingParams, build_engine, reload_leaves_stale_head
-from scalelab.grpo.train import prepare_policy
+from scalelab.grpo.parts import prepare_policy
 from scalelab.grpo.weightsync import sync_weights
 from tests.grpo.tiny import tiny_llama, tiny_tokenizer
 

@@ -10,7 +10,10 @@ from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.advantages import group_advantages
 from scalelab.grpo.rollout import EngineContext, HFGenerateEngine, SamplingParams, build_hf
-from scalelab.grpo.train import Parts, collate, optimizer_step, prepare_policy, trainable_state, train
+from scalelab.grpo.batch import collate
+from scalelab.grpo.checkpoint import trainable_state
+from scalelab.grpo.parts import Parts, prepare_policy
+from scalelab.grpo.train import optimizer_step, train
 from scalelab.grpo.weightsync import sync_weights, write_model_folder
 from tests.grpo.tiny import count_char, examples, tiny_llama, tiny_tokenizer
 
@@ -37,6 +40,12 @@ def test_reward_paying_for_a_token_rises(tmp_path):
     # on-policy: the engine's behaviour log-probs are the trainer's own before each update
     assert all(s["behavior_logp_abs_diff"] < 1e-4 for s in steps(tmp_path, "learn"))
     assert (tmp_path / "learn" / "predictions.json").is_file()
+    # every completion's length and reward value is kept, and agrees with the step's summaries
+    for s in steps(tmp_path, "learn"):
+        assert len(s["completion_lengths"]) == 16 and len(s["completion_rewards"]["a"]) == 16
+        assert sum(s["completion_lengths"]) / 16 == pytest.approx(s["len_mean"])
+        assert sum(s["completion_rewards"]["a"]) / 16 == pytest.approx(s["reward/a"], abs=1e-4)
+        assert len(s["example_ids"]) == 2
 
 
 RESUME = ["model.lora.r=4", "optim.lr=1e-2", "rollout.staleness=1", "loss.is_correction=true", "loss.kl_coef=0.05",

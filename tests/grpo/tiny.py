@@ -8,20 +8,11 @@ import torch
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 +-=?.:")
 SPECIAL = ["<pad>", "<eos>", "<bos>"]
-TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
 def tiny_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
-    hf.chat_template = TEMPLATE
-    return hf
+    from scalelab.grpo.randmodel import char_tokenizer
+    return char_tokenizer(CHARS)
 
 
 def tiny_llama(seed: int = 0, layers: int = 2, hidden: int = 64, tied: bool = True):
@@ -53,3 +44,29 @@ def count_char(char: str):
     def reward(completions: list[str], exs: list[Any]) -> list[float]:
         return [c.count(char) / max(len(c), 1) for c in completions]
     return reward
+
+
+def with_eos_bias(model, bias: float, eos_id: int = 1):
+    """Untie the head and give it a bias of `bias` on EOS only: a random model that stops after a few tokens, so
+    there is room for its completions to grow."""
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.get_output_embeddings().weight)
+        head.bias.zero_()
+        head.bias[eos_id] = bias
+    model.config.tie_word_embeddings = False
+    model.lm_head = head
+    return model
+
+
+def tiny_parts(cfg, seed: int = 0, eos_bias: float = 0.0):
+    """The run's Parts with the tiny model in place of cfg.model: real task examples (every curriculum stage, the
+    held-out split when eval.at_end) and real reward functions from the config."""
+    from scalelab.grpo.parts import Parts, heldout_examples, prepare_policy, reward_functions, training_stages
+    model = tiny_llama(seed=seed)
+    if eos_bias:
+        model = with_eos_bias(model, eos_bias)
+    policy, reference = prepare_policy(model, cfg)
+    stages = training_stages(cfg)
+    return Parts(policy, tiny_tokenizer(), stages[-1], reward_functions(cfg), reference,
+                 stages if len(stages) > 1 else None, heldout_examples(cfg) if cfg.eval.at_end else None)

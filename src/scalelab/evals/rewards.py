@@ -10,7 +10,8 @@ Registry (`get_reward(name, **params)`):
   format        1 if the completion has the answer form its prompt asked for (marker, JSON, code fence)
   length_aware  correctness with a length term; `exploit` turns it into a deliberately hackable reward
                 for reward-hacking studies: "length" pays for long outputs whatever their correctness,
-                "format" pays for the answer marker whatever the answer
+                "format" pays for the answer marker whatever the answer; `defense="gate"` is the fix:
+                the exploit term pays only on a correct answer (correctness-gated shaping)
   combined      a weighted sum of other registered rewards
 """
 from __future__ import annotations
@@ -74,32 +75,47 @@ def format_reward(completions: list, examples: list[Example]) -> list[float]:
 
 
 EXPLOITS = ("none", "length", "format")
+DEFENSES = ("none", "gate")
 
 
 def length_aware(target_chars: int = 1000, penalty: float = 0.5, exploit: str = "none",
-                 exploit_weight: float = 1.0) -> RewardFn:
+                 exploit_weight: float = 1.0, defense: str = "none") -> RewardFn:
     """correct - penalty * overshoot, overshoot = max(0, len - target) / target capped at 1: right and
     concise beats right and rambling, and a wrong answer never gains from length.
 
     exploit="length": + exploit_weight * min(len / target, 2) on every completion, right or wrong.
     exploit="format": + exploit_weight * format_ok on every completion, right or wrong.
-    Both are meant to be hacked (padding, or an answer marker with any number after it)."""
+    Both are meant to be hacked (padding, or an answer marker with any number after it).
+
+    defense="gate": the exploit term is multiplied by correctness, so only a right answer collects it. This is
+    the rule of Kimi k1.5's length reward (Kimi Team 2025, sec. 2.3.3), where a wrong answer's length term is
+    min(0, lambda) and can never be positive: a policy cannot raise its reward by padding or by the answer
+    marker without also being right. A right answer can still be padded for pay; the gate moves the pressure
+    onto correctness, it does not remove the shaping term."""
     if exploit not in EXPLOITS:
         raise ValueError(f"length_aware exploit {exploit!r}: allowed: {', '.join(EXPLOITS)}")
+    if defense not in DEFENSES:
+        raise ValueError(f"length_aware defense {defense!r}: allowed: {', '.join(DEFENSES)}")
     if target_chars <= 0 or penalty < 0:
         raise ValueError(f"length_aware needs target_chars > 0 and penalty >= 0, got {target_chars}, {penalty}")
+
+    def exploit_term(completions: list, examples: list[Example], lengths: list[int]) -> list[float]:
+        if exploit == "length":
+            return [exploit_weight * min(n / target_chars, 2.0) for n in lengths]
+        if exploit == "format":
+            return [exploit_weight * f for f in format_reward(completions, examples)]
+        return [0.0] * len(lengths)
 
     def reward(completions: list, examples: list[Example]) -> list[float]:
         lengths = [len(completion_text(c)) for c in completions]
         base = correctness_reward(completions, examples)
-        out = [b - penalty * min(1.0, max(0, n - target_chars) / target_chars) for b, n in zip(base, lengths)]
-        if exploit == "length":
-            out = [r + exploit_weight * min(n / target_chars, 2.0) for r, n in zip(out, lengths)]
-        elif exploit == "format":
-            out = [r + exploit_weight * f for r, f in zip(out, format_reward(completions, examples))]
-        return out
+        extra = exploit_term(completions, examples, lengths)
+        if defense == "gate":
+            extra = [e * b for e, b in zip(extra, base)]
+        return [b - penalty * min(1.0, max(0, n - target_chars) / target_chars) + e
+                for b, n, e in zip(base, lengths, extra)]
 
-    return _named(reward, f"length_aware_{exploit}")
+    return _named(reward, f"length_aware_{exploit}" + ("_gated" if defense == "gate" else ""))
 
 
 def combined(weights: dict[str, float]) -> RewardFn:

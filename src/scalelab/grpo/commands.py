@@ -1,4 +1,4 @@
-"""`scalelab grpo <verb>`: train, report, config."""
+"""`scalelab grpo <verb>`: train, eval, seeds, staleness, hacking, report, docs, config."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,23 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     add_config_args(p, "grpo", "rollout.staleness=2")
 
 
+def _study_args(p: argparse.ArgumentParser, heldout: bool = True) -> None:
+    _config_args(p)
+    p.add_argument("--isolate", choices=("auto", "yes", "no"), default="auto",
+                   help="each run in its own process; auto = yes for rollout.engine=vllm_colocated, whose GPU "
+                        "memory is not fully handed back in-process")
+    p.add_argument("--jobs", type=int, default=1, help="isolated runs at once (small models share one GPU well)")
+    if heldout:
+        p.add_argument("--no-heldout", action="store_true", help="skip the held-out pass@1 of each run")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
 
@@ -18,12 +35,48 @@ def register(parser: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.set_defaults(func=_train)
 
+    p = verbs.add_parser("eval", help="held-out pass@1 of the base and the trained policy of a run folder, per "
+                                      "example, with the paired bootstrap CI of the difference (eval/summary.json)")
+    p.add_argument("run_dir", help="run folder with config.toml and checkpoint.pt")
+    p.add_argument("--force", action="store_true", help="re-score even when eval/base.json, trained.json exist")
+    p.set_defaults(func=_eval)
+
+    p = verbs.add_parser("seeds", help="the config trained once per seed; held-out pass@1 gain per seed and "
+                                       "across seeds with CIs (<out_dir>/<name>/seeds.md)")
+    _study_args(p, heldout=False)
+    p.add_argument("--seeds", type=_ints, default=[0, 1, 2], help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--goal-points", type=float, default=5.0, help="pass@1 gain the study aims at (points)")
+    p.set_defaults(func=_seeds)
+
+    p = verbs.add_parser("staleness", help="one run per staleness k (same seed and data), resumable; curves side "
+                                           "by side and final held-out pass@1 per k (<out_dir>/<name>/staleness.md)")
+    _study_args(p)
+    p.add_argument("--k", type=_ints, default=[0, 1, 2, 4, 8], help="comma-separated staleness values")
+    p.add_argument("--is-correction", action="store_true",
+                   help="also run every k > 0 with the truncated importance-sampling correction (loss.is_correction)")
+    p.set_defaults(func=_staleness)
+
+    p = verbs.add_parser("hacking", help="train on a deliberately exploitable reward and on the defended one; "
+                                         "monitor flags, length histograms, verdict (<out_dir>/<name>/hacking.md)")
+    _study_args(p)
+    p.add_argument("--exploit", choices=("length", "format"), default="length", help="what the bad reward pays for")
+    p.add_argument("--target-chars", type=int, default=0,
+                   help="length_aware target; 0 = 2 x rollout.max_new_tokens (pay saturates near the budget)")
+    p.add_argument("--exploit-weight", type=float, default=1.0, help="weight of the exploit term")
+    p.set_defaults(func=_hacking)
+
     p = verbs.add_parser("report", help="REPORT.md and figures/*.png from a run folder alone: step-time breakdown, "
                                         "rewards, KL, lengths, GPU dead zones, predicted vs measured, hacking flags")
     p.add_argument("run_dir", help="run folder (config.toml, metrics.jsonl, predictions.json)")
     p.add_argument("--dead-util-pct", type=float, default=10.0, help="GPU utilization counted as idle (%%)")
     p.add_argument("--dead-min-s", type=float, default=1.0, help="shortest idle interval reported as a dead zone")
     p.set_defaults(func=_report)
+
+    p = verbs.add_parser("docs", help="the rollout-infrastructure write-up from a results folder alone")
+    p.add_argument("results_dir", help="folder holding rollout_bench.json, seeds.json, staleness.json, "
+                                       "hacking.json and/or run folders (searched recursively)")
+    p.add_argument("--out", default="docs/grpo.md", help="Markdown file; figures go to figures/ beside it")
+    p.set_defaults(func=_docs)
 
     p = verbs.add_parser("config", help="list every config field with its type, default and help")
     p.set_defaults(func=_describe)
@@ -41,10 +94,56 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from scalelab.grpo.heldout import eval_run, headline
+    print(headline(eval_run(args.run_dir, force=args.force)))
+    return 0
+
+
+def _isolate(args: argparse.Namespace) -> bool:
+    if args.isolate != "auto":
+        return args.isolate == "yes"
+    from scalelab.grpo.config import load_grpo_config
+    return load_grpo_config(args.config, args.set).rollout.engine == "vllm_colocated"
+
+
+def _seeds(args: argparse.Namespace) -> int:
+    from scalelab.grpo.seeds import seeds_study
+    out = seeds_study(args.config, args.set, args.seeds, isolate=_isolate(args), goal_points=args.goal_points,
+                      jobs=args.jobs)
+    print(out.read_text())
+    print(f"wrote {out} and {out.with_suffix('.json')}")
+    return 0
+
+
+def _staleness(args: argparse.Namespace) -> int:
+    from scalelab.grpo.stalestudy import staleness_study
+    out = staleness_study(args.config, args.set, args.k, args.is_correction, heldout=not args.no_heldout,
+                          isolate=_isolate(args), jobs=args.jobs)
+    print(out.read_text())
+    print(f"wrote {out}, {out.with_suffix('.json')} and {out.parent / 'figures'}/staleness_*.png")
+    return 0
+
+
+def _hacking(args: argparse.Namespace) -> int:
+    from scalelab.grpo.hacking import hacking_study
+    out = hacking_study(args.config, args.set, args.exploit, args.target_chars, args.exploit_weight,
+                        heldout=not args.no_heldout, isolate=_isolate(args), jobs=args.jobs)
+    print(out.read_text())
+    print(f"wrote {out}, {out.with_suffix('.json')} and {out.parent / 'figures'}/hacking_lengths.png")
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from scalelab.grpo.report import DeadZoneRule, build_report
     path = build_report(args.run_dir, DeadZoneRule(args.dead_util_pct, args.dead_min_s))
     print(f"wrote {path} and {path.parent / 'figures'}/*.png")
+    return 0
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from scalelab.grpo.docs import write_docs
+    print(f"wrote {write_docs(args.results_dir, args.out)}")
     return 0
 
 

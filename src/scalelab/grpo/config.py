@@ -1,4 +1,4 @@
-"""The GRPO job's typed config: model, data, rollout, loss, optim, train, predict and run sections.
+"""The GRPO job's typed config: model, data, rollout, loss, optim, train, eval, predict and run sections.
 
 Defaults describe a tiny CPU run; `configs/grpo/*.toml` hold the named experiments.
 """
@@ -36,6 +36,26 @@ class ModelConfig:
 
 
 @dataclass
+class CurriculumConfig:
+    levels: Any = param([], "easier stages before the target task, in order: each a table of task_options merged "
+                            "over data.task_options, e.g. [{digits = 1}] before 2-digit sums; [] = no curriculum. "
+                            "The last stage is always the target (data.task_options), which eval also uses")
+    promote_at: float = param(0.8, "promote to the next stage when the rolling train accuracy reaches this",
+                              gt=0.0, le=1.0)
+    window: int = param(4, "steps the rolling accuracy averages; a stage lasts at least this long", ge=1)
+    metric: str = param("reward/correctness", "per-step metric the rolling accuracy averages (a logged key)")
+
+    def validate(self) -> None:
+        if not isinstance(self.levels, list) or not all(isinstance(v, dict) for v in self.levels):
+            raise ConfigError(f"config field 'data.curriculum.levels': expected a list of tables of task options, "
+                              f"got {self.levels!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.levels)
+
+
+@dataclass
 class DataConfig:
     task: str = param("arithmetic", "verifiable task name (evals.tasks.get_task)")
     task_options: Any = param({}, "options of the task, passed as get_task(task, **options), e.g. "
@@ -49,6 +69,7 @@ class DataConfig:
     reward_weights: list[float] = param([], "weight of each component in the scalar reward; [] = all 1.0")
     reward_options: Any = param({}, "parameters per reward component, get_reward(name, **options[name]), e.g. "
                                     "{length_aware = {exploit = 'length'}} for the deliberately hackable reward")
+    curriculum: CurriculumConfig = section(CurriculumConfig)
 
     def validate(self) -> None:
         if not isinstance(self.task_options, dict):
@@ -147,6 +168,23 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    split: str = param("test", "held-out split of data.task the policy is scored on; never the training split")
+    limit: int = param(200, "held-out examples scored", ge=1)
+    data_seed: int = param(0, "seed of the held-out examples and of eval sampling, fixed across training seeds so "
+                              "every run of a study is scored on the same examples with the same base result")
+    greedy: bool = param(True, "greedy pass@1: one temperature-0 completion per example")
+    samples: int = param(0, "n sampled completions per example at eval.temperature for the unbiased pass@k "
+                            "estimator (Chen et al. 2021); 0 = none", ge=0)
+    temperature: float = param(1.0, "sampling temperature of the n samples", gt=0.0)
+    max_new_tokens: int = param(0, "completion budget; 0 = rollout.max_new_tokens", ge=0)
+    prompts_per_call: int = param(64, "prompts per engine.generate call", ge=1)
+    at_end: bool = param(False, "score the base policy before step 0 and the trained one after the last step")
+    bootstrap_resamples: int = param(10_000, "resamples of the paired bootstrap CI of trained - base", ge=100)
+    confidence: float = param(0.95, "level of every confidence interval", gt=0.5, le=0.999)
+
+
+@dataclass
 class PredictConfig:
     decode_efficiency: float = param(0.5, "share of the roofline decode rate (weights read once per step at "
                                           "memory bandwidth, or peak FLOP/s) the engine reaches", gt=0.0, le=1.0)
@@ -172,6 +210,7 @@ class GrpoConfig:
     loss: LossConfig = section(LossConfig)
     optim: OptimConfig = section(OptimConfig)
     train: TrainConfig = section(TrainConfig)
+    eval: EvalConfig = section(EvalConfig)
     predict: PredictConfig = section(PredictConfig)
     run: RunConfig = section(RunConfig)
 
@@ -190,6 +229,13 @@ class GrpoConfig:
                               f"{engine!r}; allowed: 'auto', {', '.join(map(repr, ENGINE_SYNC_METHODS[engine]))}")
         if self.rollout.weight_sync == "lora_adapter" and not self.model.lora.enabled:
             raise ConfigError("config field 'rollout.weight_sync': 'lora_adapter' needs model.lora.enabled=true")
+        metric, logged = self.data.curriculum.metric, ["reward_mean", *(f"reward/{r}" for r in self.data.rewards)]
+        if self.data.curriculum.enabled and metric not in logged:
+            raise ConfigError(f"config field 'data.curriculum.metric': {metric!r} is not logged; allowed: "
+                              f"{', '.join(map(repr, logged))}")
+        if self.eval.split == self.data.split:
+            raise ConfigError(f"config field 'eval.split': {self.eval.split!r} is the training split (data.split); "
+                              "held-out scores need a split the policy never trained on")
 
 
 def load_grpo_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> GrpoConfig:

@@ -1,6 +1,7 @@
 """A GRPO run's report, regenerated from its folder alone (DESIGN.md principle 3).
 
-    summarize(run_dir) -> ReportData      compute: config.toml + metrics.jsonl (+ predictions.json, results.json)
+    summarize(run_dir) -> ReportData      compute: config.toml + metrics.jsonl (+ predictions.json, results.json,
+                                                    eval/summary.json for the held-out pass@1 section)
     plot_*(data, path)                     plot:    figures/{step_time,rewards,kl,lengths,gpu}.png
     render_markdown(data) -> str           render:  REPORT.md text
     build_report(run_dir) -> Path          all three
@@ -21,15 +22,14 @@ import numpy as np
 
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import GrpoConfig, load_grpo_config
+from scalelab.grpo.plots import PHASE_COLORS, figure, finish, length_histograms, save
 
-# The five phases the brief of a step breakdown names, plus the pi_old pass that only some configs run.
+# The five phases of every step, plus the pi_old pass that only some configs run.
 BREAKDOWN_PHASES = ("rollout", "reward", "reference", "old_logprob", "update", "weight_sync")
 ALWAYS_SHOWN = ("rollout", "reward", "reference", "update", "weight_sync")
 CORRECTNESS_KEY = "reward/correctness"
 FORMAT_KEY = "reward/format"
 LENGTH_QUANTILES = ((0.0, "len_min"), (0.1, "len_p10"), (0.5, "len_p50"), (0.9, "len_p90"), (1.0, "len_max"))
-PHASE_COLORS = {"rollout": "tab:blue", "reward": "tab:orange", "reference": "tab:green", "old_logprob": "tab:olive",
-                "update": "tab:red", "weight_sync": "tab:purple", "other": "tab:gray"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,6 +123,8 @@ class ReportData:
     dead_rule: DeadZoneRule
     wall_s: float | None  # results.json, when present
     has_predictions: bool = True
+    heldout: dict | None = None  # eval/summary.json
+    lengths_logged: bool = True  # every completion's length is in the records (else quantiles only)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,11 +220,25 @@ def phase_spans(t_s: Sequence[float], phases: Sequence[str]) -> list[tuple[float
 
 
 def length_sample(step: dict, n: int = 200) -> np.ndarray:
-    """Lengths drawn evenly from the quantile function through the logged min/p10/p50/p90/max (linear between):
-    metrics.jsonl keeps those quantiles per step, not each completion's length."""
+    """Lengths drawn evenly from the quantile function through the logged min/p10/p50/p90/max (linear between),
+    for runs logged before each completion's length was kept."""
     qs = [q for q, _ in LENGTH_QUANTILES]
     values = [_float(step[k]) for _, k in LENGTH_QUANTILES]
     return np.interp((np.arange(n) + 0.5) / n, qs, values)
+
+
+def step_lengths(step: dict) -> np.ndarray:
+    """Every completion's length (tokens) of a step; the quantile sample when only quantiles were logged."""
+    if "completion_lengths" in step:
+        return np.asarray(step["completion_lengths"], dtype=float)
+    return length_sample(step)
+
+
+def quarter_lengths(steps: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths of the first quarter's steps, of the last quarter's), as quarter_means splits them."""
+    q = max(1, len(steps) // 4)
+    return (np.concatenate([step_lengths(s) for s in steps[:q]]),
+            np.concatenate([step_lengths(s) for s in steps[-q:]]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,34 +325,12 @@ def summarize(run_dir: str | Path, rule: DeadZoneRule = DeadZoneRule(),
         gpu=trace, gpu_reason=str(monitor[-1].get("reason", "")) if monitor else "no gpu_monitor event",
         dead_zones=find_dead_zones(trace, rule), dead_rule=rule,
         wall_s=_float(results["wall_s_this_launch"]) if "wall_s_this_launch" in results else None,
-        has_predictions=pred is not None)
+        has_predictions=pred is not None, heldout=rd.read_optional("eval/summary.json"),
+        lengths_logged=all("completion_lengths" in s for s in steps))
 
 
 # ---------------------------------------------------------------------------------------------
-# plot (matplotlib's object API with the Agg canvas: no pyplot global state, no display needed)
-
-
-def _figure(rows: int = 1, height_in: float = 4.2):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(8, height_in * rows), dpi=110)
-    FigureCanvasAgg(fig)
-    return fig, [fig.add_subplot(rows, 1, i + 1) for i in range(rows)]
-
-
-def _finish(fig, ax, xlabel: str, ylabel: str, title: str) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+# plot (plots.py: the Agg canvas, no pyplot state)
 
 
 def _x(d: ReportData) -> list[int]:
@@ -344,7 +338,7 @@ def _x(d: ReportData) -> list[int]:
 
 
 def plot_step_time(d: ReportData, path: Path) -> Path:
-    fig, (ax,) = _figure()
+    fig, (ax,) = figure()
     bottom = np.zeros(len(d.steps))
     for share in d.shares:
         if share.phase == "other":
@@ -354,43 +348,40 @@ def plot_step_time(d: ReportData, path: Path) -> Path:
         ax.bar(_x(d), ms, bottom=bottom, color=PHASE_COLORS[share.phase],
                label=f"{share.phase} ({share.mean_share:.0%})")
         bottom += ms
-    _finish(fig, ax, "step", "wall-clock (ms)", f"{d.run_name}: step time by phase (mean share)")
-    return _save(fig, path)
+    finish(ax, "step", "wall-clock (ms)", f"{d.run_name}: step time by phase (mean share)")
+    return save(fig, path)
 
 
 def plot_rewards(d: ReportData, path: Path) -> Path:
-    fig, (ax,) = _figure()
+    fig, (ax,) = figure()
     for key in d.reward_components:
         series = component_series(d.steps, key)
         if series is not None:
             ax.plot(_x(d), series, lw=1, label=key.split("/", 1)[1])
     ax.plot(_x(d), [_float(s["reward_mean"]) for s in d.steps], "k-", lw=2, label="total (weighted)")
-    _finish(fig, ax, "step", "mean reward per completion", f"{d.run_name}: rewards")
-    return _save(fig, path)
+    finish(ax, "step", "mean reward per completion", f"{d.run_name}: rewards")
+    return save(fig, path)
 
 
 def plot_kl(d: ReportData, path: Path) -> Path:
-    fig, (ax,) = _figure()
+    fig, (ax,) = figure()
     ax.plot(_x(d), [_float(s.get("kl_mean", 0.0)) for s in d.steps], "o-", ms=3, label="k3 KL to reference")
-    _finish(fig, ax, "step", "mean KL per token (nats)", f"{d.run_name}: KL to reference (kl_coef={d.kl_coef:g})")
-    return _save(fig, path)
+    finish(ax, "step", "mean KL per token (nats)", f"{d.run_name}: KL to reference (kl_coef={d.kl_coef:g})")
+    return save(fig, path)
 
 
 def plot_lengths(d: ReportData, path: Path) -> Path:
-    fig, (hist, mean) = _figure(rows=2, height_in=3.4)
+    fig, (hist, mean) = figure(rows=2, height_in=3.4)
     q = max(1, len(d.steps) // 4)
-    first = np.concatenate([length_sample(s) for s in d.steps[:q]])
-    last = np.concatenate([length_sample(s) for s in d.steps[-q:]])
-    bins = np.histogram_bin_edges(np.concatenate([first, last]), bins=20)
-    hist.hist(first, bins=bins, alpha=0.5, density=True, label=f"first {q} step(s)")
-    hist.hist(last, bins=bins, alpha=0.5, density=True, label=f"last {q} step(s)")
-    _finish(fig, hist, "completion length (tokens)", "density",
-            "length distribution (from logged min/p10/p50/p90/max per step)")
+    first, last = quarter_lengths(d.steps)
+    length_histograms(hist, first, last, (f"first {q} step(s)", f"last {q} step(s)"))
+    finish(hist, "completion length (tokens)", "density", "length distribution"
+           + ("" if d.lengths_logged else " (from logged min/p10/p50/p90/max per step)"))
     mean.plot(_x(d), [_float(s["len_mean"]) for s in d.steps], "o-", ms=3, label="mean")
     mean.fill_between(_x(d), [_float(s["len_p10"]) for s in d.steps], [_float(s["len_p90"]) for s in d.steps],
                       alpha=0.2, label="p10-p90")
-    _finish(fig, mean, "step", "tokens", "completion length over steps")
-    return _save(fig, path)
+    finish(mean, "step", "tokens", "completion length over steps")
+    return save(fig, path)
 
 
 def _shade(ax, d: ReportData, first: GpuTrace) -> None:
@@ -403,7 +394,7 @@ def _shade(ax, d: ReportData, first: GpuTrace) -> None:
 
 def plot_gpu(d: ReportData, path: Path) -> Path:
     assert d.gpu is not None
-    fig, (util, mem) = _figure(rows=2, height_in=3.4)
+    fig, (util, mem) = figure(rows=2, height_in=3.4)
     gpus = sorted(set(d.gpu.gpu))
     _shade(util, d, d.gpu.of_gpu(gpus[0]))  # all GPUs are sampled at the same ticks with the same tag
     for g in gpus:
@@ -415,9 +406,9 @@ def plot_gpu(d: ReportData, path: Path) -> Path:
         util.axvspan(z.start_s, z.end_s, ymax=0.08, color="black", alpha=0.8,
                      label=None if i else f"dead zone (<{d.dead_rule.util_below_pct:g}% for "
                                           f">={d.dead_rule.min_duration_s:g} s)")
-    _finish(fig, util, "seconds since first sample", "utilization (%)", f"{d.run_name}: GPU utilization by phase")
-    _finish(fig, mem, "seconds since first sample", "memory used (GiB)", "GPU memory")
-    return _save(fig, path)
+    finish(util, "seconds since first sample", "utilization (%)", f"{d.run_name}: GPU utilization by phase")
+    finish(mem, "seconds since first sample", "memory used (GiB)", "GPU memory")
+    return save(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,10 +470,45 @@ def _kl_md(d: ReportData) -> list[str]:
 
 def _lengths_md(d: ReportData) -> list[str]:
     a, b = quarter_means(_series(d, "len_mean"))
+    first, last = quarter_lengths(d.steps)
+    source = ("every completion's length as logged" if d.lengths_logged else "lengths drawn from each step's logged "
+              "min/p10/p50/p90/max (linear between them); this run predates per-completion lengths")
     return ["## Completion length", "",
-            f"Mean completion length {a:.1f} tokens (first quarter) -> {b:.1f} (last quarter). metrics.jsonl keeps "
-            "each step's min/p10/p50/p90/max, not every length, so the histograms are of lengths drawn from those "
-            "quantiles (linear between them).", "", "![lengths](figures/lengths.png)", ""]
+            f"Mean completion length {a:.1f} tokens (first quarter) -> {b:.1f} (last quarter); median "
+            f"{np.median(first):.0f} -> {np.median(last):.0f}, p90 {np.percentile(first, 90):.0f} -> "
+            f"{np.percentile(last, 90):.0f}. Histograms: {source}.", "", "![lengths](figures/lengths.png)", ""]
+
+
+def _heldout_md(d: ReportData) -> list[str]:
+    h = d.heldout
+    if h is None:
+        return ["## Held-out pass@1", "", "Not measured (eval.at_end was off; `scalelab grpo eval <run>` adds it).", ""]
+    rows = []
+    for key, name in (("greedy_pass1", "greedy pass@1"), ("sampled_pass1", "sampled pass@1")):
+        x = h.get(key)
+        if x:
+            rows.append(f"| {name} | {100 * x['base']:.1f}% | {100 * x['trained']:.1f}% | {100 * x['delta']:+.1f} | "
+                        f"{100 * x['ci_low']:+.1f} to {100 * x['ci_high']:+.1f} |")
+    n_at = h.get("pass_at_n")
+    if n_at:
+        rows.append(f"| pass@{n_at['n']} | {100 * n_at['base']:.1f}% | {100 * n_at['trained']:.1f}% | "
+                    f"{100 * (n_at['trained'] - n_at['base']):+.1f} | — |")
+    conf = next((h[k]["confidence"] for k in ("greedy_pass1", "sampled_pass1") if h.get(k)), 0.95)
+    return ["## Held-out pass@1", "",
+            f"Split `{h['split']}` of `{h['task']}` {h['task_options']} ({h['n_examples']} examples, never trained "
+            f"on), base policy vs the policy after {h['trained_steps']} steps.", "",
+            f"| metric | base | trained | difference (points) | {100 * conf:.0f}% paired bootstrap CI |",
+            "|---|---:|---:|---:|---:|", *rows, ""]
+
+
+def _curriculum_md(d: ReportData) -> list[str]:
+    if not all("curriculum_stage" in s for s in d.steps):
+        return []
+    promoted = [int(s["step"]) for s in d.steps if s.get("curriculum_promoted")]
+    final = int(d.steps[-1]["curriculum_next_stage"])
+    return ["## Curriculum", "",
+            f"Stage of each batch is logged per step (`curriculum_stage`); promotions after steps "
+            f"{', '.join(map(str, promoted)) or '(none)'}; the run ended at stage {final}.", ""]
 
 
 def _gpu_md(d: ReportData) -> list[str]:
@@ -518,8 +544,8 @@ def _monitor_md(d: ReportData) -> list[str]:
 
 
 def render_markdown(d: ReportData) -> str:
-    return "\n".join([*_headline_md(d), *_step_time_md(d), *_rewards_md(d), *_kl_md(d), *_lengths_md(d),
-                      *_gpu_md(d), *_comparison_md(d), *_monitor_md(d)])
+    return "\n".join([*_headline_md(d), *_step_time_md(d), *_rewards_md(d), *_heldout_md(d), *_curriculum_md(d),
+                      *_kl_md(d), *_lengths_md(d), *_gpu_md(d), *_comparison_md(d), *_monitor_md(d)])
 
 
 # ---------------------------------------------------------------------------------------------

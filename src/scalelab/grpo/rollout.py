@@ -38,7 +38,7 @@ from scalelab.grpo.weightsync import base_model, write_model_folder
 @dataclass(frozen=True)
 class SamplingParams:
     n: int
-    temperature: float = 1.0
+    temperature: float = 1.0  # 0 = greedy (held-out evaluation)
     top_p: float = 1.0
     max_new_tokens: int = 64
     seed: int = 0
@@ -139,7 +139,9 @@ class HFGenerateEngine:
         from transformers import GenerationConfig
         # Every sampling field explicit (top_k=0 disables HF's default top-k of 50), so nothing from the
         # model's own generation_config.json (e.g. Qwen's temperature 0.7, top_k 20) changes the distribution.
-        return GenerationConfig(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0,
+        greedy = params.temperature == 0
+        return GenerationConfig(do_sample=not greedy, temperature=1.0 if greedy else params.temperature,
+                                top_p=1.0 if greedy else params.top_p, top_k=None if greedy else 0,
                                 min_p=None, repetition_penalty=1.0, max_new_tokens=params.max_new_tokens,
                                 pad_token_id=self.pad_id, eos_token_id=self.stop_ids, use_cache=True,
                                 output_logits=True, return_dict_in_generate=True)
@@ -166,7 +168,8 @@ class HFGenerateEngine:
         out = self._sample(ids, mask, params)
         new = out.sequences[:, ids.shape[1]:]  # (N, T)
         # one (N, V) log-softmax at a time rather than a stacked (N, T, V) copy
-        logps = torch.stack([torch.log_softmax(step.float() / params.temperature, -1)
+        temperature = params.temperature or 1.0  # greedy: the untempered policy's log-probs
+        logps = torch.stack([torch.log_softmax(step.float() / temperature, -1)
                              .gather(-1, new[:, t:t + 1]).squeeze(-1) for t, step in enumerate(out.logits)], 1)
         if torch.cuda.is_available():
             torch.cuda.synchronize()

@@ -205,7 +205,8 @@ def length_stats(lengths: Sequence[int]) -> dict[str, float]:
 
 def step_line(rec: dict) -> str:
     """One concise log line per step (llm.c style)."""
-    return (f"step {rec['step']:4d} | reward {rec['reward_mean']:.3f} | kl {rec['kl_mean']:.4f} | "
+    stage = f" | stage {rec['curriculum_stage']}" if "curriculum_stage" in rec else ""
+    return (f"step {rec['step']:4d}{stage} | reward {rec['reward_mean']:.3f} | kl {rec['kl_mean']:.4f} | "
             f"len {rec['len_mean']:.1f} | rollout {rec['rollout_ms']:.0f} ms ({rec['rollout_tokens_per_s']:.0f} "
             f"tok/s) | update {rec['update_ms']:.0f} ms | sync {rec['weight_sync_ms']:.0f} ms | "
             f"step {rec['step_ms']:.0f} ms")

@@ -7,19 +7,16 @@ in-place copy, safetensors reload/restart, LoRA adapter). GRPOTrainer fuses gene
 update inside `_prepare_inputs`/`training_step` and syncs weights internally, with no hook for any of the
 three. The loss, advantages and aggregation are the same algorithm (advantages.py cites the papers).
 
-Layout of one step's tensors (N = P * G sequences, right-padded [prompt | completion | pad], length L):
-the loss only needs positions that predict completion tokens, so everything per token lives in a frame of
-W = L - p_min positions starting at p_min - 1 (p_min = shortest prompt of the step): frame column j holds
-the log-probability of token p_min + j.
+Each step's record keeps every completion's length and every reward component's value per completion, so the
+report draws real length distributions. With eval.at_end the base policy is scored on the held-out split before
+step 0 and the trained one after the last step (heldout.py). With data.curriculum the prompts of a batch come
+from the curriculum's current stage (curriculum.py), chosen when the batch is generated.
 """
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
-import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -28,155 +25,20 @@ import torch
 
 from scalelab.core.config import config_hash
 from scalelab.core.rundir import RunDir
+from scalelab.grpo import heldout
 from scalelab.grpo.advantages import (LossSettings, Normalizer, group_advantages, grpo_loss, k3_kl,
-                                      token_logprobs, zero_signal_fraction)
+                                      zero_signal_fraction)
+from scalelab.grpo.batch import StepTensors, collate, frame_logprobs, frozen_logprobs, micro_slices
+from scalelab.grpo.checkpoint import load_checkpoint, save_checkpoint
 from scalelab.grpo.config import GrpoConfig
-from scalelab.grpo.rollout import EngineContext, RolloutBatch, SamplingParams, build_engine
+from scalelab.grpo.curriculum import Curriculum
+from scalelab.grpo.parts import (Parts, RewardFn, build_parts, encode_prompt, open_engine, prompt_indices,
+                                sampling_for_step)
+from scalelab.grpo.rollout import RolloutBatch
 from scalelab.grpo.staleness import StalenessPipeline
 from scalelab.grpo.telemetry import (GpuMonitor, PhaseTimer, gpu_phase_summary, length_stats, open_nvml,
                                      predict_step, samples_record, step_line)
-from scalelab.grpo.weightsync import SyncRecord, resolve_method, sync_weights
-
-RewardFn = Callable[[list[str], list[Any]], list[float]]
-
-
-# ---------------------------------------------------------------------------------------------
-# parts: model, reference, data, rewards
-
-
-@dataclass
-class Parts:
-    policy: Any  # HF causal LM, peft-wrapped when LoRA
-    tokenizer: Any
-    examples: list[Any]  # evals Example-like: .prompt is a chat message list
-    rewards: list[tuple[str, float, RewardFn]]  # (name, weight, fn)
-    reference: Any = None  # frozen copy for full-weight training with kl_coef > 0; None with LoRA
-
-
-def apply_lora(model: Any, lora: Any) -> Any:
-    from peft import LoraConfig, get_peft_model
-    cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                     target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
-
-
-def prepare_policy(model: Any, cfg: GrpoConfig) -> tuple[Any, Any]:
-    """(policy, reference): LoRA -> peft model and no reference copy (adapters off = the base)."""
-    if cfg.model.lora.enabled:
-        return apply_lora(model, cfg.model.lora), None
-    reference = None
-    if cfg.loss.kl_coef > 0:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    return model, reference
-
-
-def reward_functions(cfg: GrpoConfig) -> list[tuple[str, float, RewardFn]]:
-    from scalelab.evals import rewards
-    weights = cfg.data.reward_weights or [1.0] * len(cfg.data.rewards)
-    options = cfg.data.reward_options
-    return [(name, w, rewards.get_reward(name, **options.get(name, {}))) for name, w in zip(cfg.data.rewards, weights)]
-
-
-def build_parts(cfg: GrpoConfig) -> Parts:
-    """Model (core.hfmodel), task examples (evals.tasks) and reward functions (evals.rewards) by name."""
-    from scalelab.core.hfmodel import load_causal_lm
-    from scalelab.evals.tasks import get_task
-    torch.manual_seed(cfg.train.seed)  # LoRA init
-    model, tokenizer = load_causal_lm(cfg.model.name, cfg.model.dtype, cfg.train.device,
-                                      cfg.model.cache_dir or None)
-    policy, reference = prepare_policy(model, cfg)
-    examples = get_task(cfg.data.task, **cfg.data.task_options).load(cfg.data.split, source=cfg.data.source, limit=cfg.data.limit or None,
-                                            seed=cfg.train.seed)
-    return Parts(policy, tokenizer, list(examples), reward_functions(cfg), reference)
-
-
-# ---------------------------------------------------------------------------------------------
-# prompts
-
-
-def encode_prompt(tokenizer: Any, messages: Any) -> list[int]:
-    """Chat-templated prompt ids, ending with the assistant header the completion continues."""
-    if isinstance(messages, str):
-        messages = [{"role": "user", "content": messages}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def prompt_indices(n_examples: int, step: int, per_step: int, seed: int) -> list[int]:
-    """Examples of `step`: consecutive slices of a seeded permutation per epoch, a pure function of step."""
-    out = []
-    for k in range(step * per_step, (step + 1) * per_step):
-        epoch, pos = divmod(k, n_examples)
-        out.append(int(np.random.default_rng([seed, epoch]).permutation(n_examples)[pos]))
-    return out
-
-
-def sampling_for_step(cfg: GrpoConfig, step: int) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p,
-                          max_new_tokens=r.max_new_tokens, seed=cfg.train.seed * 1_000_003 + step)
-
-
-# ---------------------------------------------------------------------------------------------
-# tensors of one step
-
-
-@dataclass(frozen=True)
-class StepTensors:
-    input_ids: torch.Tensor  # (N, L) right-padded
-    attention_mask: torch.Tensor  # (N, L)
-    targets: torch.Tensor  # (N, W) token predicted at each frame column
-    mask: torch.Tensor  # (N, W) 1 on completion tokens
-    behavior_logp: torch.Tensor  # (N, W) from the rollout engine
-    advantages: torch.Tensor  # (N,)
-    keep: int  # logits_to_keep = W + 1
-
-    @property
-    def n(self) -> int:
-        return self.input_ids.shape[0]
-
-
-def collate(batch: RolloutBatch, advantages: torch.Tensor, pad_id: int, device: torch.device) -> StepTensors:
-    rows = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
-    L, p_min = max(len(r) for r in rows), min(len(p) for p in batch.prompt_ids)
-    W = L - p_min
-    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), L), dtype=torch.long)
-    mask, behav = torch.zeros((len(rows), W)), torch.zeros((len(rows), W))
-    for i, (p, c, lp) in enumerate(zip(batch.prompt_ids, batch.completion_ids, batch.logprobs)):
-        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-        attn[i, :len(p) + len(c)] = 1
-        start = len(p) - p_min  # frame column of the first completion token
-        mask[i, start:start + len(c)] = 1
-        behav[i, start:start + len(c)] = torch.tensor(lp, dtype=torch.float32)
-    targets = ids[:, p_min:]
-    return StepTensors(ids.to(device), attn.to(device), targets.to(device), mask.to(device), behav.to(device),
-                       advantages.to(device), W + 1)
-
-
-def frame_logprobs(model: Any, t: StepTensors, rows: slice, temperature: float) -> torch.Tensor:
-    """(n, W) log softmax(logits / T) of each frame target under `model` (graph kept when grad is on)."""
-    out = model(input_ids=t.input_ids[rows], attention_mask=t.attention_mask[rows], logits_to_keep=t.keep,
-                use_cache=False)
-    logits = out.logits[:, :-1]  # (n, W, V): position p_min - 1 + j predicts token p_min + j
-    return token_logprobs(logits, t.targets[rows], temperature)
-
-
-def micro_slices(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-@torch.no_grad()
-def frozen_logprobs(model: Any, t: StepTensors, temperature: float, micro: int, adapters_off: bool) -> torch.Tensor:
-    """(N, W) for the reference (LoRA: adapters disabled) or pi_old, in micro-batches, no graph."""
-    was_training = model.training
-    model.eval()
-    try:
-        ctx = model.disable_adapter() if adapters_off else contextlib.nullcontext()
-        with ctx:
-            return torch.cat([frame_logprobs(model, t, s, temperature) for s in micro_slices(t.n, micro)])
-    finally:
-        model.train(was_training)
+from scalelab.grpo.weightsync import SyncRecord, sync_weights
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,17 +46,23 @@ def frozen_logprobs(model: Any, t: StepTensors, temperature: float, micro: int, 
 
 
 def score(texts: Sequence[str], examples: Sequence[Any],
-          rewards: Sequence[tuple[str, float, RewardFn]]) -> tuple[torch.Tensor, dict[str, float]]:
-    """(total reward (N,), mean of each component): total = sum of weight * component."""
+          rewards: Sequence[tuple[str, float, RewardFn]]) -> tuple[torch.Tensor, dict[str, list[float]]]:
+    """(total reward (N,), each component's value per completion): total = sum of weight * component."""
     total = torch.zeros(len(texts))
-    means = {}
+    values = {}
     for name, weight, fn in rewards:
-        values = torch.tensor([float(v) for v in fn(list(texts), list(examples))])
-        if values.shape != total.shape:
-            raise ValueError(f"reward {name!r} returned {values.numel()} values for {len(texts)} completions")
-        total += weight * values
-        means[f"reward/{name}"] = float(values.mean())
-    return total, means
+        v = [float(x) for x in fn(list(texts), list(examples))]
+        if len(v) != len(texts):
+            raise ValueError(f"reward {name!r} returned {len(v)} values for {len(texts)} completions")
+        total += weight * torch.tensor(v)
+        values[name] = v
+    return total, values
+
+
+def component_fields(values: dict[str, list[float]]) -> dict[str, Any]:
+    """reward/<name> = the component's mean (the monitor reads these) plus every per-completion value."""
+    return {**{f"reward/{n}": float(np.mean(v)) for n, v in values.items()},
+            "completion_rewards": {n: [round(x, 4) for x in v] for n, v in values.items()}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,37 +136,14 @@ def lr_at(step: int, cfg: GrpoConfig) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# checkpoint (atomic: a crash mid-write keeps the previous one)
-
-
-def trainable_state(policy: Any) -> dict[str, torch.Tensor]:
-    return {n: p.detach().cpu().clone() for n, p in policy.named_parameters() if p.requires_grad}
-
-
-def save_checkpoint(path: Path, policy: Any, optimizer: torch.optim.Optimizer, next_step: int,
-                    pipe: StalenessPipeline, cfg_hash: str) -> None:
-    state = {"next_step": next_step, "trainable": trainable_state(policy), "optimizer": optimizer.state_dict(),
-             "pipeline": pipe.state_dict(), "config_hash": cfg_hash}
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path, policy: Any, optimizer: torch.optim.Optimizer,
-                    pipe: StalenessPipeline) -> tuple[int, str]:
-    """Restore trainable weights, optimizer and queue; (next step, config hash the checkpoint was made under)."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    params = dict(policy.named_parameters())
-    with torch.no_grad():
-        for name, value in state["trainable"].items():
-            params[name].copy_(value)
-    optimizer.load_state_dict(state["optimizer"])
-    pipe.load_state_dict(state["pipeline"])
-    return int(state["next_step"]), str(state["config_hash"])
-
-
-# ---------------------------------------------------------------------------------------------
 # the loop
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Which examples a queued batch was generated from: its curriculum stage and indices into that pool."""
+    stage: int
+    indices: tuple[int, ...]
 
 
 @dataclass
@@ -313,10 +158,27 @@ class Loop:
     pipe: StalenessPipeline
     monitor: GpuMonitor
     device: torch.device
+    curriculum: Curriculum | None = None
+    plans: dict[int, BatchPlan] = field(default_factory=dict)  # queued batches (staleness pipeline) by step
 
     @property
     def checkpoint_path(self) -> Path:
         return self.run.path / "checkpoint.pt"
+
+    def state_dict(self) -> dict:
+        return {"plans": {s: [p.stage, list(p.indices)] for s, p in self.plans.items()},
+                "curriculum": self.curriculum.state_dict() if self.curriculum else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.plans = {int(s): BatchPlan(int(st), tuple(ix)) for s, (st, ix) in state.get("plans", {}).items()}
+        if self.curriculum is not None and state.get("curriculum"):
+            self.curriculum.load_state_dict(state["curriculum"])
+
+
+def plan_batch(loop: Loop, step: int) -> BatchPlan:
+    stage = loop.curriculum.stage if loop.curriculum else 0
+    n = len(loop.parts.pool(stage))
+    return BatchPlan(stage, tuple(prompt_indices(n, step, loop.cfg.data.prompts_per_step, loop.cfg.train.seed)))
 
 
 def generate_due(loop: Loop, step: int, timer: PhaseTimer) -> int:
@@ -324,21 +186,22 @@ def generate_due(loop: Loop, step: int, timer: PhaseTimer) -> int:
     cfg, parts, tokens = loop.cfg, loop.parts, 0
     with timer.phase("rollout"):
         for s in loop.pipe.due(step, cfg.train.max_steps):
-            idx = prompt_indices(len(parts.examples), s, cfg.data.prompts_per_step, cfg.train.seed)
-            prompts = [encode_prompt(parts.tokenizer, parts.examples[i].prompt) for i in idx]
+            plan = loop.plans[s] = plan_batch(loop, s)
+            pool = parts.pool(plan.stage)
+            prompts = [encode_prompt(parts.tokenizer, pool[i].prompt) for i in plan.indices]
             batch = loop.engine.generate(prompts, sampling_for_step(cfg, s))
             loop.pipe.put(s, batch)
             tokens += batch.num_tokens
     return tokens
 
 
-def learn(loop: Loop, step: int, batch: RolloutBatch, timer: PhaseTimer) -> dict:
+def learn(loop: Loop, step: int, batch: RolloutBatch, plan: BatchPlan, timer: PhaseTimer) -> dict:
     """Reward, advantages, reference/old passes and the optimizer step(s) on one batch."""
     cfg, parts = loop.cfg, loop.parts
-    idx = prompt_indices(len(parts.examples), step, cfg.data.prompts_per_step, cfg.train.seed)
-    examples = [parts.examples[i] for i in idx for _ in range(cfg.rollout.group_size)]
+    pool = parts.pool(plan.stage)
+    examples = [pool[i] for i in plan.indices for _ in range(cfg.rollout.group_size)]
     with timer.phase("reward"):
-        rewards, components = score(batch.texts, examples, parts.rewards)
+        rewards, values = score(batch.texts, examples, parts.rewards)
     adv = group_advantages(rewards, cfg.rollout.group_size, cfg.loss.scale_rewards)
     pad = parts.tokenizer.pad_token_id if parts.tokenizer.pad_token_id is not None else 0
     t = collate(batch, adv, pad, loop.device)
@@ -359,15 +222,29 @@ def learn(loop: Loop, step: int, batch: RolloutBatch, timer: PhaseTimer) -> dict
     stats = {**updates[0].summary(), "loss": updates[-1].loss, "grad_norm": updates[-1].grad_norm}
     return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
             "zero_signal_frac": zero_signal_fraction(rewards, cfg.rollout.group_size),
-            "adv_abs_mean": float(adv.abs().mean()), "lr": lr_at(step, cfg), **components, **stats}
+            "adv_abs_mean": float(adv.abs().mean()), "lr": lr_at(step, cfg), **component_fields(values), **stats}
+
+
+def advance_curriculum(loop: Loop, step: int, plan: BatchPlan, learned: dict) -> dict:
+    """Feed the step's metric to the curriculum; only batches of the current stage count toward promotion
+    (with staleness k the first k batches after a promotion were generated at the previous stage)."""
+    c = loop.curriculum
+    if c is None:
+        return {}
+    promoted, rolling = False, None
+    if plan.stage == c.stage:
+        promoted, rolling = c.observe(step, float(learned[loop.cfg.data.curriculum.metric]))
+    return {"curriculum_stage": plan.stage, "curriculum_rolling": rolling, "curriculum_promoted": promoted,
+            "curriculum_next_stage": c.stage}
 
 
 def run_step(loop: Loop, step: int) -> dict:
     cfg = loop.cfg
     timer = PhaseTimer(loop.monitor)
     generated_tokens = generate_due(loop, step, timer)
-    batch = loop.pipe.take(step)
-    learned = learn(loop, step, batch, timer)
+    batch, plan = loop.pipe.take(step), loop.plans.pop(step)
+    learned = learn(loop, step, batch, plan, timer)
+    curriculum = advance_curriculum(loop, step, plan, learned)
     sync: SyncRecord | None = None
     if step + 1 < cfg.train.max_steps:
         with timer.phase("weight_sync"):
@@ -378,7 +255,8 @@ def run_step(loop: Loop, step: int) -> dict:
            **asdict(timing), "overlapped_step_ms": timing.overlapped_step_ms,
            "rollout_tokens": batch.num_tokens, "rollout_tokens_per_s": batch.tokens_per_s,
            "generated_tokens_this_step": generated_tokens, "finished_frac": float(np.mean(batch.finished)),
-           **length_stats(batch.lengths), **learned,
+           **length_stats(batch.lengths), "completion_lengths": list(batch.lengths), **learned, **curriculum,
+           "example_ids": [str(loop.parts.pool(plan.stage)[i].id) for i in plan.indices],
            "sync_bytes": sync.bytes if sync else 0, "sync_restarted": bool(sync and sync.restarted)}
     samples = loop.monitor.drain()
     if samples:
@@ -396,43 +274,98 @@ def check_queue(pipe: StalenessPipeline, start: int, max_steps: int) -> None:
                          f"them are gone; extend a stale run by starting a new one")
 
 
+def make_curriculum(cfg: GrpoConfig, parts: Parts) -> Curriculum | None:
+    c = cfg.data.curriculum
+    if not c.enabled:
+        return None
+    if not parts.stages or len(parts.stages) != len(c.levels) + 1:
+        raise ValueError(f"data.curriculum has {len(c.levels) + 1} stages but the run's parts hold "
+                         f"{len(parts.stages or [])} example pools")
+    return Curriculum(len(parts.stages), c.promote_at, c.window)
+
+
 def start_loop(cfg: GrpoConfig, parts: Parts, run: RunDir) -> tuple[Loop, int]:
     """Optimizer, queue and (on resume) the checkpoint; then the engine, synced to the current weights."""
     pipe = StalenessPipeline(cfg.rollout.staleness)
     optimizer = make_optimizer(parts.policy, cfg)
-    start, ckpt = 0, run.path / "checkpoint.pt"
+    start, ckpt, state = 0, run.path / "checkpoint.pt", {}
     if cfg.train.resume and ckpt.is_file():
-        start, saved_hash = load_checkpoint(ckpt, parts.policy, optimizer, pipe)
+        start, saved_hash, state = load_checkpoint(ckpt, parts.policy, optimizer, pipe)
         run.log_event("resumed", step=start, config_changed=saved_hash != config_hash(cfg))
         check_queue(pipe, start, cfg.train.max_steps)
-    method = resolve_method(cfg.rollout.weight_sync, cfg.rollout.engine, cfg.model.lora.enabled)
-    ctx = EngineContext(parts.policy, parts.tokenizer, cfg.rollout, cfg.model.lora.r if cfg.model.lora.enabled else 0,
-                        method, run.path / "rollout", cfg.train.seed, weights_version=start)
-    engine = build_engine(cfg.rollout.engine, ctx)
-    try:
-        run.log_event("rollout_engine", engine=engine.name, weight_sync=method,
-                      **(engine.describe() if hasattr(engine, "describe") else {}))
-        first = sync_weights(method, parts.policy, engine, start, run.path / "rollout" / "sync")
-        run.log_event("initial_sync", **asdict(first))
-    except BaseException:
-        engine.close()  # a launched server must not outlive a failed start
-        raise
+    curriculum = make_curriculum(cfg, parts)
+    engine, method = open_engine(cfg, parts, run.path / "rollout", start, run.log_event)
     sampler, reason = open_nvml()
     monitor = GpuMonitor(sampler, cfg.train.gpu_sample_hz, reason).start()
     run.log_event("gpu_monitor", available=monitor.available, reason=reason, hz=cfg.train.gpu_sample_hz)
     device = next(parts.policy.parameters()).device
-    return Loop(cfg, parts, run, engine, method, optimizer, pipe, monitor, device), start
+    loop = Loop(cfg, parts, run, engine, method, optimizer, pipe, monitor, device, curriculum)
+    loop.load_state_dict(state)
+    for s in pipe.pending:  # a checkpoint from before plans were saved: its batches came from the one pool
+        loop.plans.setdefault(s, BatchPlan(0, tuple(prompt_indices(len(parts.pool(0)), s, cfg.data.prompts_per_step,
+                                                                   cfg.train.seed))))
+    return loop, start
 
 
 def write_predictions(cfg: GrpoConfig, parts: Parts, run: RunDir) -> None:
     """predictions.json before the engine starts and before step 0 (kept, never rewritten, on resume)."""
     if (run.path / "predictions.json").is_file():
         return
-    idx = prompt_indices(len(parts.examples), 0, cfg.data.prompts_per_step, cfg.train.seed)
-    prompt_len = float(np.mean([len(encode_prompt(parts.tokenizer, parts.examples[i].prompt)) for i in idx]))
+    pool = parts.pool(0)
+    idx = prompt_indices(len(pool), 0, cfg.data.prompts_per_step, cfg.train.seed)
+    prompt_len = float(np.mean([len(encode_prompt(parts.tokenizer, pool[i].prompt)) for i in idx]))
     device = next(parts.policy.parameters()).device
     pred = predict_step(cfg, parts.policy, prompt_len, device.type)
     run.write_predictions(pred)
+
+
+# ---------------------------------------------------------------------------------------------
+# held-out evaluation inside the run (eval.at_end)
+
+
+def run_eval(loop: Loop, policy: str) -> heldout.PolicyEval:
+    cfg, parts = loop.cfg, loop.parts
+    if parts.heldout is None:
+        raise ValueError("eval.at_end needs the held-out examples in the run's parts (build_parts loads them)")
+    loop.monitor.mark("eval")
+    try:
+        ev = heldout.evaluate_policy(loop.engine, parts.tokenizer, parts.heldout,
+                                     heldout.EvalSettings.from_config(cfg), policy, heldout.base_key(cfg),
+                                     cfg.eval.split)
+    finally:
+        loop.monitor.mark("other")
+    heldout.save_eval(loop.run.path, ev)
+    loop.run.log_event("heldout_eval", policy=policy, weights_version=ev.weights_version, split=ev.split,
+                       greedy_pass1=ev.greedy_pass1, sampled_pass1=ev.sampled_pass1, wall_s=ev.wall_s)
+    samples = loop.monitor.drain()
+    if samples:
+        loop.run.log_event("gpu_samples", step=-1, **samples_record(samples))
+    return ev
+
+
+def eval_base(loop: Loop) -> None:
+    if heldout.load_eval(loop.run.path, "base", heldout.base_key(loop.cfg)) is None:
+        run_eval(loop, "base")
+
+
+def eval_trained(loop: Loop, log: Callable[[str], None]) -> None:
+    cfg, run, final = loop.cfg, loop.run, loop.cfg.train.max_steps
+    trained = heldout.load_eval(run.path, "trained", heldout.base_key(cfg))
+    if trained is None or trained.weights_version != final:
+        if loop.engine.weights_version != final:
+            sync_weights(loop.sync_method, loop.parts.policy, loop.engine, final, run.path / "rollout" / "sync")
+        trained = run_eval(loop, "trained")
+    base = heldout.load_eval(run.path, "base", heldout.base_key(cfg))
+    if base is None:
+        log(f"no base evaluation in {run.path / 'eval'}; `scalelab grpo eval {run.path}` makes it")
+        return
+    summary = heldout.compare(base, trained, cfg)
+    heldout.save_summary(run.path, summary)
+    log(heldout.headline(summary))
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
 
 
 def train(cfg: GrpoConfig, parts: Parts | None = None, log: Callable[[str], None] = print) -> dict:
@@ -447,15 +380,18 @@ def train(cfg: GrpoConfig, parts: Parts | None = None, log: Callable[[str], None
     loop, start = start_loop(cfg, parts, run)
     t0 = time.perf_counter()
     try:
+        if cfg.eval.at_end and start == 0:
+            eval_base(loop)
         for step in range(start, cfg.train.max_steps):
             rec = run_step(loop, step)
             run.log_event("grpo_step", **rec)
             log(step_line(rec))
-            last = step + 1 == cfg.train.max_steps
             every = cfg.train.checkpoint_every
-            if last or (every and (step + 1) % every == 0):
+            if step + 1 == cfg.train.max_steps or (every and (step + 1) % every == 0):
                 save_checkpoint(loop.checkpoint_path, parts.policy, loop.optimizer, step + 1, loop.pipe,
-                                config_hash(cfg))
+                                config_hash(cfg), loop.state_dict())
+        if cfg.eval.at_end:
+            eval_trained(loop, log)
     finally:
         loop.monitor.stop()
         loop.engine.close()
@@ -465,17 +401,23 @@ def train(cfg: GrpoConfig, parts: Parts | None = None, log: Callable[[str], None
 
 
 def summarize(run: RunDir, wall_s: float) -> dict:
-    """results.json from metrics.jsonl alone (all steps, also those before a resume)."""
+    """results.json from metrics.jsonl (all steps, also those before a resume) and eval/summary.json."""
     by_step = {s["step"]: s for s in run.events("grpo_step")}  # a step re-run after a crash: the last record
     steps = [by_step[k] for k in sorted(by_step)]
     if not steps:
         return {"steps": 0}
     med = lambda k: float(np.median([s[k] for s in steps]))  # noqa: E731
     quarter = max(1, len(steps) // 4)
-    return {"steps": len(steps), "wall_s_this_launch": wall_s,
-            "reward_first_quarter": float(np.mean([s["reward_mean"] for s in steps[:quarter]])),
-            "reward_last_quarter": float(np.mean([s["reward_mean"] for s in steps[-quarter:]])),
-            **{f"median_{k}": med(k) for k in ("rollout_ms", "reward_ms", "reference_ms", "update_ms",
-                                                "weight_sync_ms", "step_ms", "rollout_tokens_per_s",
-                                                "overlapped_step_ms")},
-            "predictions": run.read_optional("predictions.json")}
+    out = {"steps": len(steps), "wall_s_this_launch": wall_s,
+           "reward_first_quarter": float(np.mean([s["reward_mean"] for s in steps[:quarter]])),
+           "reward_last_quarter": float(np.mean([s["reward_mean"] for s in steps[-quarter:]])),
+           **{f"median_{k}": med(k) for k in ("rollout_ms", "reward_ms", "reference_ms", "update_ms",
+                                               "weight_sync_ms", "step_ms", "rollout_tokens_per_s",
+                                               "overlapped_step_ms")},
+           "predictions": run.read_optional("predictions.json")}
+    if "curriculum_next_stage" in steps[-1]:
+        out["curriculum_final_stage"] = int(steps[-1]["curriculum_next_stage"])
+    summary = run.read_optional("eval/summary.json")
+    if summary is not None:
+        out["heldout"] = summary
+    return out

@@ -1,0 +1,239 @@
+"""Rollout throughput and weight-sync cost of the GRPO loop's engines, on one batch, written as rollout_bench.json
+(the input of `scalelab grpo docs`).
+
+(a) tokens/s of vLLM in the trainer's process (rollout.engine vllm_colocated) vs the trainer's own HF `generate`
+    (HFGenerateEngine) on the same batch: same prompt ids, same sampling (n, temperature, top_p, seed), same
+    max_new_tokens; completion tokens / wall-clock of the generate call, median of --repeats after a warm-up.
+(b) weight-sync ms of the colocated in-place load (model.load_weights, no file) for the full-weight policy and
+    for a LoRA policy (the sync merges W + (alpha/r) B A per layer on the fly), median of --repeats;
+(c) one full-weight AdamW optimizer step on the same batch (update ms), so each sync's share of the stated step
+    rollout (fastest engine) + update + sync can be given.
+
+    # GPU (H200): a random-weight Qwen2.5-1.5B-shaped model with the tokenizer found in --tokenizer
+    python bench/grpo_rollout_bench.py --model random:qwen2.5-1.5b --tokenizer .grpo-gpu/smol --out rollout_bench.json
+    # CPU plumbing: a tiny random Llama, HF engine only, sync into an own HF copy
+    python bench/grpo_rollout_bench.py --tiny --out /tmp/rollout_bench.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from scalelab.core.jsonio import write_json
+from scalelab.grpo.advantages import group_advantages
+from scalelab.grpo.batch import collate
+from scalelab.grpo.config import LoraConfig, load_grpo_config
+from scalelab.grpo.parts import apply_lora, encode_prompt
+from scalelab.grpo.rollout import EngineContext, SamplingParams, build_engine
+from scalelab.grpo.weightsync import sync_weights
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    tokens_per_s: float  # median run's completion tokens / its wall-clock
+    median_ms: float
+    completion_tokens: int  # of the median run
+    runs_ms: tuple[float, ...]
+    finished_frac: float  # sequences that ended on a stop token (the rest ran to max_new_tokens)
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    label: str
+    method: str
+    median_ms: float
+    bytes: int
+    runs_ms: tuple[float, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# setup
+
+
+def load_model(args: argparse.Namespace) -> tuple[torch.nn.Module, object, dict]:
+    from scalelab.core.hfmodel import load_causal_lm
+    from scalelab.grpo.randmodel import char_tokenizer, random_model
+    device = "cpu" if args.tiny else args.device
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    if args.model.startswith("random:"):
+        shape = args.model.split(":", 1)[1]
+        if args.tokenizer:
+            from transformers import AutoTokenizer
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        else:
+            tokenizer = char_tokenizer()
+        model = random_model(shape, tokenizer, dtype, device, args.seed)
+    else:
+        model, tokenizer = load_causal_lm(args.model, "auto", device)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    n_params = sum(p.numel() for p in model.parameters())
+    desc = {"name": args.model, "n_params": n_params, "dtype": str(dtype).removeprefix("torch."),
+            "random_weights": args.model.startswith("random:"), "vocab_size": model.config.vocab_size,
+            "layers": model.config.num_hidden_layers, "hidden_size": model.config.hidden_size}
+    return model, tokenizer, desc
+
+
+def make_prompts(tokenizer: object, n: int, seed: int) -> list[list[int]]:
+    """n arithmetic training prompts (2-digit sums), chat-templated, as token ids."""
+    from scalelab.evals.tasks import get_task
+    examples = get_task("arithmetic", digits=2).load("train", limit=n, seed=seed)
+    return [encode_prompt(tokenizer, ex.prompt) for ex in examples]
+
+
+def grpo_config(args: argparse.Namespace, engine: str):
+    return load_grpo_config(None, [
+        f"rollout.engine={engine}", "model.lora.enabled=false", f"rollout.group_size={args.group}",
+        f"rollout.max_new_tokens={args.max_new_tokens}", f"optim.micro_batch_size={args.micro_batch}",
+        f"rollout.server.gpu_memory_utilization={args.gpu_memory_utilization}",
+        f"rollout.server.max_model_len={args.max_model_len}", f"rollout.server.enforce_eager={str(args.eager).lower()}",
+        "optim.lr=1e-6"])
+
+
+def build(name: str, model: torch.nn.Module, tokenizer: object, args: argparse.Namespace, method: str,
+          workdir: Path, lora_rank: int = 0):
+    cfg = grpo_config(args, name)
+    return build_engine(name, EngineContext(model, tokenizer, cfg.rollout, lora_rank, method, workdir, args.seed))
+
+
+# ---------------------------------------------------------------------------------------------
+# measure
+
+
+def time_engine(engine: object, prompts: list[list[int]], params: SamplingParams, repeats: int) -> tuple:
+    """(EngineResult, the last batch): a warm-up call on 2 prompts, then `repeats` timed calls on all of them."""
+    engine.generate(prompts[:2], SamplingParams(2, params.temperature, params.top_p, 8, params.seed))
+    runs = [engine.generate(prompts, params) for _ in range(repeats)]
+    ms = [b.generation_ms for b in runs]
+    mid = sorted(range(len(runs)), key=lambda i: ms[i])[len(runs) // 2]
+    b = runs[mid]
+    return EngineResult(b.num_tokens / (b.generation_ms / 1e3), b.generation_ms, b.num_tokens, tuple(ms),
+                        sum(b.finished) / len(b.finished)), runs[-1]
+
+
+def time_update(model: torch.nn.Module, tokenizer: object, batch: object, args: argparse.Namespace) -> float:
+    """ms of one full-weight AdamW step on `batch` (the second of two: the first allocates optimizer state)."""
+    from scalelab.grpo.train import make_optimizer, optimizer_step
+    cfg = grpo_config(args, "hf")
+    rewards = torch.rand(len(batch.texts), generator=torch.Generator().manual_seed(args.seed))
+    t = collate(batch, group_advantages(rewards, args.group), tokenizer.pad_token_id or 0,
+                next(model.parameters()).device)
+    opt = make_optimizer(model, cfg)
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        optimizer_step(model, t, opt, cfg, None, None, first=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    del opt
+    model.eval()
+    return times[-1]
+
+
+def time_sync(label: str, method: str, policy: object, engine: object, repeats: int, workdir: Path) -> SyncResult:
+    recs = [sync_weights(method, policy, engine, v + 1, workdir) for v in range(repeats + 1)][1:]  # first: warm-up
+    return SyncResult(label, method, statistics.median(r.sync_ms for r in recs), recs[-1].bytes,
+                      tuple(r.sync_ms for r in recs))
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+
+def measure(args: argparse.Namespace, workdir: Path) -> dict:
+    model, tokenizer, desc = load_model(args)
+    prompts = make_prompts(tokenizer, args.prompts, args.seed)
+    params = SamplingParams(args.group, args.temperature, args.top_p, args.max_new_tokens, args.seed)
+    engines, batch = {}, None
+    hf = build("hf", model, tokenizer, args, "shared", workdir / "hf")
+    engines["hf"], batch = time_engine(hf, prompts, params, args.repeats)
+    target = None  # the engine the syncs go into
+    if "vllm_colocated" in args.engines:
+        target = build("vllm_colocated", model, tokenizer, args, "inplace", workdir / "vllm")
+        engines["vllm_colocated"], batch = time_engine(target, prompts, params, args.repeats)
+    update_ms = None if args.no_update else time_update(model, tokenizer, batch, args)
+    if target is None:  # CPU: sync into the HF engine's own copy, the same in-place path
+        target = build("hf", model, tokenizer, args, "inplace", workdir / "hf-copy")
+    syncs = [time_sync("in-place, full weights", "inplace", model, target, args.repeats, workdir / "sync")]
+    lora = apply_lora(model, LoraConfig(r=args.lora_rank, alpha=2.0 * args.lora_rank))
+    syncs.append(time_sync(f"in-place, LoRA r={args.lora_rank} merged on the fly", "inplace", lora, target,
+                           args.repeats, workdir / "sync"))
+    target.close()
+    hf_tps, v = engines["hf"].tokens_per_s, engines.get("vllm_colocated")
+    return {"model": desc, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else
+            platform.processor() or "cpu",
+            "batch": {"prompts": args.prompts, "group_size": args.group, "sequences": args.prompts * args.group,
+                      "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
+                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p},
+            "engines": {k: asdict(e) for k, e in engines.items()},
+            "ratio_vllm_over_hf": None if v is None else v.tokens_per_s / hf_tps, "update_ms": update_ms,
+            "weight_sync": [asdict(s) for s in syncs]}
+
+
+def provenance() -> dict:
+    import transformers
+    out = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0],
+           "command": " ".join(sys.argv), "unix_time": time.time()}
+    try:
+        import vllm
+        out["vllm"] = vllm.__version__
+    except ImportError:
+        out["vllm"] = None
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="random:qwen2.5-1.5b",
+                   help="random:<shape> (grpo.randmodel.SHAPES), a local HF folder, a .gguf or a registry name")
+    p.add_argument("--tokenizer", default="", help="tokenizer folder for random:<shape> ('' = character-level)")
+    p.add_argument("--tiny", action="store_true", help="CPU plumbing run: random:tiny, HF engine only, small batch")
+    p.add_argument("--engines", default="hf,vllm_colocated", help="comma-separated; hf always runs")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--prompts", type=int, default=32, help="P: distinct prompts")
+    p.add_argument("--group", type=int, default=8, help="G: samples per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--micro-batch", type=int, default=16, help="sequences per forward/backward in the update")
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs / torch.compile")
+    p.add_argument("--no-update", action="store_true", help="skip the update timing")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="rollout_bench.json to write")
+    args = p.parse_args(argv)
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if args.tiny:
+        args.model, args.engines = "random:tiny", ["hf"]
+        args.prompts, args.group, args.max_new_tokens, args.repeats = 2, 4, 16, 2
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
+        result = measure(args, Path(tmp))
+    result["provenance"] = provenance()
+    write_json(args.out, result)
+    e = result["engines"]
+    print(json.dumps({k: round(v["tokens_per_s"], 1) for k, v in e.items()}), "ratio",
+          result["ratio_vllm_over_hf"], "update_ms", result["update_ms"],
+          [(s["label"], round(s["median_ms"], 1)) for s in result["weight_sync"]])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

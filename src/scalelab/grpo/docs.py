@@ -1,0 +1,284 @@
+"""docs/grpo.md, the rollout-infrastructure write-up, from a results folder alone (DESIGN.md principle 3).
+
+    find_inputs(results_dir) -> DocInputs     read: the first rollout_bench.json, seeds.json, staleness.json,
+                                              hacking.json found below the folder, and the GRPO run folder
+                                              with the most GPU-sampled (else most) steps
+    write_figures(d, fig_dir) -> {name: path} plot: every figure whose input exists
+    render(d, figs) -> str                    render: one function per section; an absent input renders as
+                                              "not measured yet", never as a number
+    write_docs(results_dir, out) -> Path      all three
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from scalelab.core.jsonio import read_json
+from scalelab.grpo import hacking, report, stalestudy
+from scalelab.grpo.plots import figure, finish, save
+
+NOT_MEASURED = "Not measured yet"
+FIGURES = "figures"  # beside the Markdown file
+
+
+@dataclass(frozen=True)
+class DocInputs:
+    results_dir: Path
+    bench: dict | None  # rollout_bench.json (bench/grpo_rollout_bench.py)
+    seeds: dict | None  # seeds.json (grpo seeds)
+    staleness: dict | None  # staleness.json (grpo staleness)
+    hacking: dict | None  # hacking.json (grpo hacking)
+    run: report.ReportData | None  # the run whose step breakdown and GPU trace are shown
+    sources: dict[str, str]  # input name -> path relative to results_dir
+
+
+def _first(root: Path, name: str) -> Path | None:
+    found = sorted(root.rglob(name), key=lambda p: (len(p.parts), str(p)))
+    return found[0] if found else None
+
+
+def _primary_run(root: Path) -> Path | None:
+    """The run folder with the most GPU-sampled steps (ties: most steps; then path order)."""
+    best, best_key = None, None
+    for metrics in sorted(root.rglob("metrics.jsonl")):
+        if not (metrics.parent / "config.toml").is_file():
+            continue
+        events = [line for line in metrics.read_text().splitlines() if line.strip()]
+        steps = sum('"event": "grpo_step"' in e for e in events)
+        sampled = sum('"event": "gpu_samples"' in e for e in events)
+        key = (sampled > 0, steps)
+        if steps and (best_key is None or key > best_key):
+            best, best_key = metrics.parent, key
+    return best
+
+
+def find_inputs(results_dir: str | Path) -> DocInputs:
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such results folder")
+    files = {k: _first(root, f"{k}.json") for k in ("rollout_bench", "seeds", "staleness", "hacking")}
+    run_dir = _primary_run(root)
+    sources = {k: str(p.relative_to(root)) for k, p in files.items() if p is not None}
+    if run_dir is not None:
+        sources["run"] = str(run_dir.relative_to(root)) or "."
+    load = lambda k: read_json(files[k]) if files[k] else None  # noqa: E731
+    return DocInputs(root, load("rollout_bench"), load("seeds"), load("staleness"), load("hacking"),
+                     report.summarize(run_dir) if run_dir else None, sources)
+
+
+# ---------------------------------------------------------------------------------------------
+# figures
+
+
+def plot_throughput(bench: dict, path: Path) -> Path:
+    fig, (ax,) = figure(height_in=3.6)
+    names = list(bench["engines"])
+    ax.bar(names, [bench["engines"][n]["tokens_per_s"] for n in names], color=["tab:gray", "tab:blue"][:len(names)])
+    b = bench["batch"]
+    finish(ax, "engine", "completion tokens/s", f"rollout throughput: {b['prompts']} x {b['group_size']} sequences, "
+           f"{b['max_new_tokens']} new tokens")
+    return save(fig, path)
+
+
+def plot_sync_share(bench: dict, path: Path) -> Path:
+    """One stacked bar per sync method: the stated step = rollout (fastest engine) + update + sync."""
+    fig, (ax,) = figure(height_in=3.6)
+    rollout, update = _rollout_ms(bench), bench.get("update_ms") or 0.0
+    labels = [s["label"] for s in bench["weight_sync"]]
+    syncs = np.array([s["median_ms"] for s in bench["weight_sync"]])
+    ax.barh(labels, [rollout] * len(labels), color="tab:blue", label="rollout")
+    ax.barh(labels, [update] * len(labels), left=rollout, color="tab:red", label="update")
+    ax.barh(labels, syncs, left=rollout + update, color="tab:purple", label="weight sync")
+    finish(ax, "ms per step", "", "step time with each weight-sync method")
+    return save(fig, path)
+
+
+def write_figures(d: DocInputs, fig_dir: Path) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    if d.run is not None:
+        out["step_time"] = report.plot_step_time(d.run, fig_dir / "grpo_step_time.png")
+        if d.run.gpu is not None:
+            out["gpu"] = report.plot_gpu(d.run, fig_dir / "grpo_gpu.png")
+    if d.bench is not None:
+        out["throughput"] = plot_throughput(d.bench, fig_dir / "grpo_rollout_throughput.png")
+        if d.bench.get("weight_sync"):
+            out["sync"] = plot_sync_share(d.bench, fig_dir / "grpo_weight_sync.png")
+    if d.staleness is not None:
+        out["staleness"] = stalestudy.plot_curves(d.staleness["variants"], fig_dir / "grpo_staleness_curves.png")
+        out["staleness_final"] = stalestudy.plot_final(d.staleness["variants"], fig_dir / "grpo_staleness_final.png")
+    if d.hacking is not None:
+        arms = [_arm(a) for a in d.hacking["arms"]]
+        out["lengths"] = hacking.plot_lengths(arms, d.hacking["lengths"], fig_dir / "grpo_hacking_lengths.png")
+    return out
+
+
+def _arm(a: dict) -> hacking.Arm:
+    flags = tuple(report.HackFlag(**f) for f in a["flags"])
+    return hacking.Arm(**{**a, "flags": flags})
+
+
+# ---------------------------------------------------------------------------------------------
+# sections
+
+
+def _img(figs: dict[str, Path], key: str, out_dir: Path, alt: str) -> list[str]:
+    return [f"![{alt}]({figs[key].relative_to(out_dir).as_posix()})", ""] if key in figs else []
+
+
+def _rollout_ms(bench: dict) -> float:
+    fastest = max(bench["engines"].values(), key=lambda e: e["tokens_per_s"])
+    return float(fastest["median_ms"])
+
+
+def _intro(d: DocInputs) -> list[str]:
+    found = ", ".join(f"`{k}` ({v})" for k, v in sorted(d.sources.items())) or "nothing"
+    return ["# GRPO rollout infrastructure: where a step's time goes", "",
+            f"*Generated by `scalelab grpo docs {d.results_dir}`; every number is read from the files found there: "
+            f"{found}. A section whose file is absent says so.*", ""]
+
+
+def _step_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
+    head = ["## Step time by phase", ""]
+    if d.run is None:
+        return head + [f"{NOT_MEASURED}: no GRPO run folder (config.toml + metrics.jsonl) in the results.", ""]
+    rows = [f"| {s.phase} | {s.mean_ms:,.1f} | {s.mean_share:.1%} |" for s in d.run.shares]
+    top = max(d.run.shares, key=lambda s: s.mean_share)
+    return head + [f"Run `{d.sources['run']}` ({d.run.run_name}, {len(d.run.steps)} steps): {top.phase} takes "
+                   f"{top.mean_share:.1%} of a step on average.", "",
+                   "| phase | mean ms | mean share of step |", "|---|---:|---:|", *rows, "",
+                   *_img(figs, "step_time", out_dir, "step time by phase")]
+
+
+def _gpu_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
+    head = ["## GPU utilization and dead zones", ""]
+    if d.run is None or d.run.gpu is None:
+        why = "" if d.run is None else f" (the run's GPU monitor said: {d.run.gpu_reason or 'nothing'})"
+        return head + [f"{NOT_MEASURED}: no NVML samples{why}.", ""]
+    g, rule = d.run.gpu, d.run.dead_rule
+    span = max(g.t_s) or 1.0
+    dead = sum(z.duration_s for z in d.run.dead_zones)
+    by_phase: dict[str, list[float]] = {}
+    for u, p in zip(g.util_pct, g.phase):
+        by_phase.setdefault(p, []).append(u)
+    rows = [f"| {p} | {np.mean(v):.1f} | {len(v)} |" for p, v in sorted(by_phase.items())]
+    return head + [f"{len(g.t_s)} samples over {span:.1f} s; {len(d.run.dead_zones)} dead zone(s) (utilization < "
+                   f"{rule.util_below_pct:g}% for >= {rule.min_duration_s:g} s) totalling {dead:.1f} s "
+                   f"({dead / span:.1%} of the sampled time, summed over GPUs).", "",
+                   "| phase | mean utilization % | samples |", "|---|---:|---:|", *rows, "",
+                   *_img(figs, "gpu", out_dir, "GPU utilization")]
+
+
+def _throughput_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
+    head = ["## Rollout throughput: vLLM vs the trainer's own generate", ""]
+    b = d.bench
+    if b is None:
+        return head + [f"{NOT_MEASURED}: no rollout_bench.json (bench/grpo_rollout_bench.py writes it).", ""]
+    m, batch = b["model"], b["batch"]
+    rows = [f"| {n} | {e['tokens_per_s']:,.0f} | {e['median_ms']:,.0f} | {e['completion_tokens']:,} |"
+            for n, e in b["engines"].items()]
+    ratio = b.get("ratio_vllm_over_hf")
+    verdict = (" vLLM was not measured in this file." if ratio is None else
+               f" Same prompt ids and sampling for both engines: vLLM generates **{ratio:.2f}x** the tokens/s of HF "
+               "`generate`.")
+    size = f"{m['n_params'] / 1e9:.2f}B" if m["n_params"] >= 1e8 else f"{m['n_params'] / 1e6:.2f}M"
+    return head + [f"Model {m['name']} ({size} parameters, {m['dtype']}"
+                   f"{', random weights' if m.get('random_weights') else ''}) on {b['device']}; one batch of "
+                   f"{batch['prompts']} prompts x {batch['group_size']} samples = {batch['sequences']} sequences, "
+                   f"prompt mean {batch['prompt_tokens_mean']:.0f} tokens, up to {batch['max_new_tokens']} new "
+                   f"tokens, temperature {batch['temperature']:g}, top_p {batch['top_p']:g}.{verdict}", "",
+                   "| engine | completion tokens/s | median ms per batch | completion tokens |", "|---|---:|---:|---:|",
+                   *rows, "", *_img(figs, "throughput", out_dir, "rollout throughput")]
+
+
+def _sync_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
+    head = ["## Weight-sync cost", ""]
+    b = d.bench
+    if b is None or not b.get("weight_sync"):
+        return head + [f"{NOT_MEASURED}: no weight-sync timings in rollout_bench.json.", ""]
+    rollout, update = _rollout_ms(b), b.get("update_ms")
+    rows = []
+    for s in b["weight_sync"]:
+        step = rollout + (update or 0.0) + s["median_ms"]
+        rows.append(f"| {s['label']} | {s['median_ms']:,.1f} | {s['bytes'] / 2**20:,.1f} | "
+                    f"{s['median_ms'] / step:.2%} |")
+    upd = "not measured" if update is None else f"{update:,.0f} ms"
+    return head + [f"Stated step: rollout {rollout:,.0f} ms (the faster engine above) + update {upd} (one optimizer "
+                   "step on the same batch) + the sync; share = sync / that step.", "",
+                   "| sync | median ms | MiB moved | share of step |", "|---|---:|---:|---:|", *rows, "",
+                   *_img(figs, "sync", out_dir, "weight sync share")]
+
+
+def _staleness_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
+    head = ["## Staleness: the cost of rollouts from older weights", ""]
+    if d.staleness is None:
+        return head + [f"{NOT_MEASURED}: no staleness.json (`scalelab grpo staleness`).", ""]
+    rows = []
+    for r in d.staleness["variants"]:
+        f, h = r["final"], r["final"]["heldout"]
+        held = "not measured" if h is None else f"{h['trained']:.1f}% ({h['delta']:+.1f})"
+        over = f["median_overlapped_step_ms"]
+        rows.append(f"| {r['name']} | {f['reward_last_quarter']:.3f} | {f['mismatch_last_quarter']:.2e} | "
+                    f"{'—' if over is None else f'{over:,.0f}'} | {held} |")
+    return head + [f"Study `{d.staleness['name']}`: one run per k, same seed and data.", "",
+                   "| variant | reward, last quarter | behaviour mismatch (k3) | overlapped step ms | held-out pass@1 "
+                   "(gain, points) |", "|---|---:|---:|---:|---:|", *rows, "",
+                   *_img(figs, "staleness", out_dir, "staleness curves"),
+                   *_img(figs, "staleness_final", out_dir, "final held-out per k")]
+
+
+def _hacking_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
+    head = ["## Reward hacking: length distributions under an exploitable reward", ""]
+    h = d.hacking
+    if h is None:
+        return head + [f"{NOT_MEASURED}: no hacking.json (`scalelab grpo hacking`).", ""]
+    rows = [f"| {a['name']} | {a['len_mean_first']:.1f} -> {a['len_mean_last']:.1f} | "
+            f"{100 * a['correctness_first']:.1f} -> {100 * a['correctness_last']:.1f} | "
+            f"{'FLAGGED' if any(f['triggered'] for f in a['flags']) else 'not flagged'} |" for a in h["arms"]]
+    v = h["verdict"]
+    return head + [f"Exploit `{h['exploit']}` vs the same reward with defense `{h['defense']}` (target "
+                   f"{h['target_chars']} characters). **Verdict: the defense "
+                   f"{'works' if v['works'] else 'is not shown to work'}** — {'; '.join(v['reasons'])}.", "",
+                   "| arm | mean length, first -> last quarter | train correctness % | monitor |",
+                   "|---|---:|---:|---|", *rows, "", *_img(figs, "lengths", out_dir, "length histograms")]
+
+
+def _seeds_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
+    head = ["## Held-out pass@1 across seeds", ""]
+    s = d.seeds
+    if s is None or not s.get("metrics"):
+        return head + [f"{NOT_MEASURED}: no seeds.json (`scalelab grpo seeds`).", ""]
+    lines = []
+    for key, m in s["metrics"].items():
+        a = m["across_seeds"]
+        ci = "" if a["ci_low"] is None else f", {100 * a['confidence']:.0f}% t interval {a['ci_low']:+.1f} to " \
+                                             f"{a['ci_high']:+.1f}"
+        per = ", ".join(f"seed {r['seed']}: {r['base']:.1f} -> {r['trained']:.1f} ({r['delta']:+.1f})"
+                        for r in m["per_seed"])
+        lines.append(f"- {key.replace('_', ' ')}: mean gain **{a['mean']:+.1f} points** over {a['n_seeds']} "
+                     f"seeds{ci}; {per}. Goal +{s['goal_points']:g}: {'met' if m['meets_goal'] else 'not met'}.")
+    return head + [f"Split `{s['split']}` of `{s['task']}` {s['task_options']}, {s['n_examples']} examples, after "
+                   f"{s['trained_steps']} steps.", "", *lines, ""]
+
+
+SECTIONS: tuple[Callable[[DocInputs, dict, Path], list[str]], ...] = (
+    _step_section, _gpu_section, _throughput_section, _sync_section, _staleness_section, _hacking_section,
+    _seeds_section)
+
+
+def render(d: DocInputs, figs: dict[str, Path], out_dir: Path) -> str:
+    lines = _intro(d)
+    for section in SECTIONS:
+        lines += section(d, figs, out_dir)
+    return "\n".join(lines)
+
+
+def write_docs(results_dir: str | Path, out: str | Path = "docs/grpo.md") -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    d = find_inputs(results_dir)
+    figs = write_figures(d, out.parent / FIGURES)
+    out.write_text(render(d, figs, out.parent))
+    return out

@@ -1,0 +1,32 @@
+"""bench/grpo_rollout_bench.py in its CPU mode: the file it writes is what `grpo docs` reads."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from scalelab.core.jsonio import read_json
+from scalelab.grpo.docs import write_docs
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "grpo_rollout_bench.py"
+
+
+def test_tiny_bench_feeds_the_docs(tmp_path):
+    spec = importlib.util.spec_from_file_location("grpo_rollout_bench", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # dataclasses look their module up there
+    spec.loader.exec_module(bench)
+    out = tmp_path / "results" / "rollout_bench.json"
+    assert bench.main(["--tiny", "--out", str(out)]) == 0
+    r = read_json(out)
+    hf = r["engines"]["hf"]
+    # 2 prompts x 4 samples, at most 16 new tokens each
+    assert r["batch"]["sequences"] == 8 and 8 <= hf["completion_tokens"] <= 8 * 16
+    assert abs(hf["tokens_per_s"] - hf["completion_tokens"] / (hf["median_ms"] / 1e3)) < 1e-6 * hf["tokens_per_s"]
+    assert r["ratio_vllm_over_hf"] is None and r["update_ms"] > 0
+    full, lora = r["weight_sync"]
+    n_params = r["model"]["n_params"]
+    assert full["bytes"] == lora["bytes"] == 4 * n_params  # fp32; the LoRA policy syncs merged full weights
+    text = write_docs(tmp_path / "results", tmp_path / "grpo.md").read_text()
+    assert f"| hf | {hf['tokens_per_s']:,.0f} | {hf['median_ms']:,.0f} | {hf['completion_tokens']:,} |" in text
+    assert "| in-place, LoRA r=16 merged on the fly |" in text

@@ -1,0 +1,83 @@
+"""docs/grpo.md from a hand-made results folder: every number below is worked out by hand from the files, and
+a folder without a result says "Not measured yet" for that section."""
+from __future__ import annotations
+
+from scalelab.cli import main
+from scalelab.core.jsonio import write_json
+from scalelab.grpo.docs import write_docs
+from scalelab.grpo.seeds import aggregate
+from tests.grpo.test_report import make_run
+from tests.grpo.test_studies import _summary
+
+# vLLM 4x the tokens/s of HF; step = 2,048 (vLLM rollout) + 3,000 (update) + 52 (sync) = 5,100 ms -> 1.02%
+BENCH = {"model": {"name": "qwen2.5-1.5b (random)", "n_params": 1.54e9, "dtype": "bfloat16", "random_weights": True},
+         "device": "NVIDIA H200",
+         "batch": {"prompts": 32, "group_size": 8, "sequences": 256, "prompt_tokens_mean": 40.0,
+                   "max_new_tokens": 32, "temperature": 1.0, "top_p": 1.0},
+         "engines": {"hf": {"tokens_per_s": 1000.0, "median_ms": 8192.0, "completion_tokens": 8192},
+                     "vllm_colocated": {"tokens_per_s": 4000.0, "median_ms": 2048.0, "completion_tokens": 8192}},
+         "ratio_vllm_over_hf": 4.0, "update_ms": 3000.0,
+         "weight_sync": [{"label": "in-place, full weights", "median_ms": 52.0, "bytes": 3 * 2**30}]}
+
+
+def staleness() -> dict:
+    def variant(name, k, reward, held):
+        series = {"reward_mean": [0.1, reward], "loss": [0.0, 0.1], "kl_mean": [0.0, 0.0],
+                  "behavior_mismatch_k3": [0.0, 1e-3 * k]}
+        return {"name": name, "k": k, "is_correction": False, "run_dir": name, "steps": [0, 1], "series": series,
+                "final": {"reward_first_quarter": 0.1, "reward_last_quarter": reward, "kl_last_quarter": 0.0,
+                          "mismatch_last_quarter": 1e-3 * k, "median_step_ms": 900.0,
+                          "median_overlapped_step_ms": 600.0,
+                          "heldout": {"metric": "greedy_pass1", "base": 14.0, "trained": held, "delta": held - 14.0,
+                                      "ci_low": held - 17.0, "ci_high": held - 11.0}}}
+    return {"name": "abl", "variants": [variant("k0", 0, 0.5, 22.0), variant("k4", 4, 0.45, 18.5)]}
+
+
+def hacking() -> dict:
+    flag = lambda hit: {"name": "length growth without accuracy growth", "checked": True, "triggered": hit,  # noqa
+                        "detail": ""}
+    arm = lambda n, hit, l1, c1: {"name": n, "flags": [flag(hit)], "correctness_first": 0.1,  # noqa: E731
+                                  "correctness_last": c1, "len_mean_first": 5.0, "len_mean_last": l1,
+                                  "heldout": None}
+    return {"name": "hack", "exploit": "length", "defense": "gate", "target_chars": 32, "exploit_weight": 1.0,
+            "arms": [arm("exploit", True, 15.0, 0.1), arm("defended", False, 5.5, 0.3)],
+            "lengths": {"exploit": {"first_quarter": [4, 5, 6], "last_quarter": [14, 15, 16]},
+                        "defended": {"first_quarter": [4, 5, 6], "last_quarter": [5, 5, 6]}},
+            "verdict": {"works": True, "reasons": ["exploit arm flagged", "defended arm not flagged"]}}
+
+
+def test_docs_from_a_full_results_folder(tmp_path):
+    results = tmp_path / "results"
+    make_run(results)  # results/hand: the report test's run, GPU samples included
+    write_json(results / "bench" / "rollout_bench.json", BENCH)
+    write_json(results / "seeds.json", aggregate({0: _summary(0.14, 0.20, 0.01, 0.11), 1: _summary(0.14, 0.22, 0.03,
+                                                  0.13), 2: _summary(0.14, 0.24, 0.05, 0.15)}))
+    write_json(results / "abl" / "staleness.json", staleness())
+    write_json(results / "hack" / "hacking.json", hacking())
+    out = tmp_path / "docs" / "grpo.md"
+    assert main(["grpo", "docs", str(results), "--out", str(out)]) == 0
+    text = out.read_text()
+    for expected in (
+            "| rollout | 1,050.0 | 65.0% |", "rollout takes 65.0% of a step",  # the run's shares (test_report)
+            "2 dead zone(s)", "totalling 3.0 s (60.0% of the sampled time",  # 1.5 s + 1.5 s of 5.0 s
+            "vLLM generates **4.00x** the tokens/s", "(1.54B parameters", "| vllm_colocated | 4,000 | 2,048 | 8,192 |",
+            "| in-place, full weights | 52.0 | 3,072.0 | 1.02% |", "rollout 2,048 ms", "update 3,000 ms",
+            "| k4 | 0.450 | 4.00e-03 | 600 | 18.5% (+4.5) |",
+            "**Verdict: the defense works**", "| exploit | 5.0 -> 15.0 | 10.0 -> 10.0 | FLAGGED |",
+            "mean gain **+8.0 points** over 3 seeds, 95% t interval +3.0 to +13.0"):
+        assert expected in text, expected
+    assert "Not measured yet" not in text
+    for name in ("grpo_step_time", "grpo_gpu", "grpo_rollout_throughput", "grpo_weight_sync",
+                 "grpo_staleness_curves", "grpo_staleness_final", "grpo_hacking_lengths"):
+        assert (tmp_path / "docs" / "figures" / f"{name}.png").stat().st_size > 5_000
+        assert f"(figures/{name}.png)" in text
+
+
+def test_absent_results_say_not_measured_yet(tmp_path):
+    write_json(tmp_path / "r" / "rollout_bench.json", {**BENCH, "weight_sync": []})
+    text = write_docs(tmp_path / "r", tmp_path / "grpo.md").read_text()
+    for section in ("## Step time by phase", "## GPU utilization and dead zones", "## Weight-sync cost",
+                    "## Staleness", "## Reward hacking", "## Held-out pass@1 across seeds"):
+        body = text.split(section, 1)[1].split("\n", 1)[1].split("\n## ", 1)[0]
+        assert body.strip().startswith("Not measured yet"), section
+    assert "**4.00x**" in text and "figures/grpo_step_time.png" not in text
