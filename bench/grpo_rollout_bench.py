@@ -182,8 +182,9 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
 
 def provenance() -> dict:
     import transformers
+    from scalelab.core.provenance import git_sha
     out = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0],
-           "command": " ".join(sys.argv), "unix_time": time.time()}
+           "command": " ".join(sys.argv), "unix_time": time.time(), "git_sha": git_sha()}
     try:
         import vllm
         out["vllm"] = vllm.__version__

@@ -4,6 +4,8 @@ pretrain: ShareGPT text (shipped in a PyPI package) -> GPT-2 shards -> predictio
 on 2 CPU cores -> HF export -> REPORT.md with the loss curve beside the unigram baseline.
 serve: predictions -> a real vLLM CPU server on a random-weight 16M Llama -> closed-loop ShareGPT load at
 batch 1 and 4 -> the scaling table and REPORT.md (configs/serve/tiny-cpu.toml).
+dpo: SmolLM2-135M-Instruct samples and grades its own 1-digit sums -> preference pairs -> predictions -> LoRA DPO
+-> the regression battery at a subsampled size (base vs tuned) -> REPORT.md (configs/dpo/tiny-cpu.toml).
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "pretrain" / "tiny-cpu.toml"
 SERVE_CONFIG = REPO / "configs" / "serve" / "tiny-cpu.toml"
-JOBS = ("pretrain", "serve")
+DPO_CONFIG = REPO / "configs" / "dpo" / "tiny-cpu.toml"
+JOBS = ("pretrain", "serve", "dpo")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +73,24 @@ def serve_demo(args: argparse.Namespace) -> str:
     return f"serve: table {run / 'table.md'}; report: {run / 'REPORT.md'}"
 
 
-DEMOS = {"pretrain": pretrain_demo, "serve": serve_demo}
+def dpo_demo(args: argparse.Namespace) -> str:
+    """configs/dpo/tiny-cpu.toml from scratch in runs/dpo/demo-cpu; the base model's battery results, cached
+    beside it in runs/dpo/battery-base/, are reused by a later demo."""
+    import shutil
+    from scalelab.core.jsonio import read_json
+    from scalelab.dpo.battery import summary_line
+    from scalelab.dpo.config import load_dpo_config
+    from scalelab.dpo.run import run_dpo
+    print("[demo] dpo: verifier-built preference pairs -> predictions -> LoRA DPO -> regression battery -> REPORT.md")
+    cfg = load_dpo_config(DPO_CONFIG, ["run.name=demo-cpu"])
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)  # the demo's own folder: a fresh run every time
+    r = run_dpo(cfg)
+    battery = read_json(cfg.run_dir / "battery" / "battery.json")
+    return (f"dpo: held-out reward accuracy {r['heldout_reward_accuracy_first']:.2f} -> "
+            f"{r['heldout_reward_accuracy_last']:.2f}; {summary_line(battery)}; report: {cfg.run_dir / 'REPORT.md'}")
+
+
+DEMOS = {"pretrain": pretrain_demo, "serve": serve_demo, "dpo": dpo_demo}
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -78,7 +98,7 @@ def run_demo(args: argparse.Namespace) -> int:
     unknown = [j for j in jobs if j not in DEMOS]
     if unknown:
         raise SystemExit(f"scalelab demo: unknown job {unknown[0]!r} in --jobs; choose from {', '.join(DEMOS)}")
-    for path in (DEMO_CONFIG, SERVE_CONFIG):
+    for path in (DEMO_CONFIG, SERVE_CONFIG, DPO_CONFIG):
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: run the demo from a checkout of scalelab")
     t0, lines = time.perf_counter(), []

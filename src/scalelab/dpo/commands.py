@@ -1,4 +1,4 @@
-"""`scalelab dpo <verb>`: train, sweep, data, merge, config."""
+"""`scalelab dpo <verb>`: train, sweep, battery, report, docs, data, merge, config."""
 from __future__ import annotations
 
 import argparse
@@ -41,6 +41,24 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default="sweep", help="sweep folder name under run.out_dir")
     p.set_defaults(func=_sweep)
 
+    p = verbs.add_parser("battery", help="base vs base+adapter on MMLU, TruthfulQA, own tasks, the target task "
+                                         "and MT-Bench -> <run>/battery/battery.json + REPORT.md")
+    p.add_argument("path", help="a run folder, or a sweep folder (every run in it; the base is evaluated once)")
+    p.add_argument("--config", help="TOML file whose [battery] table overrides the run's "
+                                    "(e.g. configs/dpo/tiny-cpu.toml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the run's config, e.g. --set battery.mmlu_limit=2 (repeatable)")
+    p.set_defaults(func=_battery)
+
+    p = verbs.add_parser("report", help="REPORT.md (+ figures) of a run or sweep folder, from its files alone")
+    p.add_argument("path", help="a run folder or a sweep folder")
+    p.set_defaults(func=_report)
+
+    p = verbs.add_parser("docs", help="the write-up (docs/dpo.md + figures) generated from a sweep folder")
+    p.add_argument("path", help="a sweep folder (or one run folder)")
+    p.add_argument("--out", default="docs/dpo.md", help="Markdown file; figures go to figures/ beside it")
+    p.set_defaults(func=_docs)
+
     p = verbs.add_parser("data", help="build (verifier set) or load the preference pairs and show a summary")
     _config_args(p)
     p.add_argument("--show", type=int, default=2, help="print this many pairs")
@@ -72,6 +90,26 @@ def _sweep(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r['run']:18s} loss {r['loss_first']} -> {r['loss_last']}  "
               f"held-out acc {r['heldout_reward_accuracy_last']}")
+    return 0
+
+
+def _battery(args: argparse.Namespace) -> int:
+    from scalelab.dpo.battery import summary_line
+    from scalelab.dpo.battery_folders import battery_folder
+    for run, battery in battery_folder(Path(args.path), args.config, args.set):
+        print(f"{run.name}: {summary_line(battery)}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from scalelab.dpo.report import write_report
+    print(write_report(Path(args.path)))
+    return 0
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from scalelab.dpo.docs import write_docs
+    print(write_docs(Path(args.path), Path(args.out)))
     return 0
 
 

@@ -137,8 +137,9 @@ BATTERY_PARTS = ("mmlu", "truthfulqa", "own", "target", "mtbench")
 @dataclass
 class BatteryConfig:
     enabled: bool = param(False, "after train/sweep: evaluate base and base+adapter (dpo.battery), then REPORT.md")
-    parts: list[str] = param(list(BATTERY_PARTS), "parts to run: mmlu (lm-eval, 5-shot), truthfulqa (MC1 + MC2), "
-                                                  "own (own_tasks), target (the tuned task, held out), mtbench")
+    parts: list[str] = param(list(BATTERY_PARTS), "parts to run: mmlu (lm-eval, mmlu_fewshot shots), truthfulqa "
+                                                  "(MC1 + MC2), own (own_tasks), target (the tuned task, held out), "
+                                                  "mtbench")
     data_dir: str = param("", "folder with mmlu/, truthfulqa/, mt_bench/; '' = ../shared/data "
                               "($SCALELAB_SHARED_DATA)")
     source: Literal["local", "hub"] = param("local", "local = our lm-eval YAMLs on data_dir's copies; "

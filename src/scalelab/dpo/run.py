@@ -2,7 +2,8 @@
 
 config.toml -> provenance.json -> preference data (loaded, or sampled and graded for the verifier set)
 -> predictions.json (hash logged, before step 0) -> train with margin tracking -> adapter/ (safetensors)
--> figures/margins.png -> results.json. Metric sinks mirror metrics.jsonl.
+-> figures/margins.png -> results.json -> regression battery (when battery.enabled) -> REPORT.md.
+Metric sinks mirror metrics.jsonl.
 """
 from __future__ import annotations
 
@@ -187,7 +188,17 @@ def run_dpo(cfg: DpoConfig) -> dict:
     results = results_from_run(rd.path)
     rd.write_results(results)
     print(format_results(results))
+    finish_run(cfg, rd)
     return results
+
+
+def finish_run(cfg: DpoConfig, rd: RunDir) -> None:
+    """The regression battery when enabled (dpo.battery), then REPORT.md from the folder."""
+    from scalelab.dpo.report import write_run_report
+    if cfg.battery.enabled:
+        from scalelab.dpo.battery import run_battery, summary_line
+        print(f"battery: {summary_line(run_battery(cfg, rd.path))}")
+    print(f"report: {write_run_report(rd.path)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,12 +281,18 @@ def sweep_configs(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_n
 
 
 def run_sweep(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_name: str) -> list[dict]:
-    """Run every config of the sweep in turn; write <sweep>/sweep.json with one summary row per run."""
+    """Run every config of the sweep in turn; <sweep>/sweep.json keeps one summary row per run, so a later
+    invocation into the same folder (say IPO and ORPO after the DPO betas) adds its rows beside the earlier ones."""
     from scalelab.core.jsonio import write_json
+    index = Path(cfg.run.out_dir) / sweep_name / "sweep.json"
+    earlier = read_json(index) if index.is_file() else []
     rows = []
     for c in sweep_configs(cfg, betas, losses, sweep_name):
         r = run_dpo(c)
         rows.append({"run": c.run.name, "loss": c.train.loss, "beta": c.train.beta,
                      **{k: v for k, v in r.items() if k != "predictions"}})
-        write_json(Path(c.run.out_dir) / "sweep.json", rows)
+        names = {row["run"] for row in rows}
+        write_json(index, [row for row in earlier if row["run"] not in names] + rows)
+    from scalelab.dpo.sweep_report import write_sweep_report
+    print(f"sweep report: {write_sweep_report(Path(cfg.run.out_dir) / sweep_name)}")
     return rows

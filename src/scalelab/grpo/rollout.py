@@ -354,8 +354,10 @@ class VLLMColocatedEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutBatch:
         from vllm import SamplingParams as VllmSampling
+        # detokenize=False: we decode the kept tokens once ourselves; vLLM's incremental detokenizer would run
+        # per token on this process's CPU (the engine core is in-process here), between decode steps
         sp = VllmSampling(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                          max_tokens=params.max_new_tokens, seed=params.seed, logprobs=0)
+                          max_tokens=params.max_new_tokens, seed=params.seed, logprobs=0, detokenize=False)
         t0 = time.perf_counter()
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
         ms = (time.perf_counter() - t0) * 1e3

@@ -1,0 +1,372 @@
+"""The regression battery: the base model and base + adapter on the same held-out examples, one part at a time.
+
+    mmlu         lm-eval, 5-shot (Hendrycks et al. 2021), per-question correctness kept for a paired CI
+    truthfulqa   lm-eval MC1 (right / wrong) and MC2 (probability mass on the true answers) (Lin et al. 2022)
+    own          greedy generation + each task's programmatic checker (tool-call schema, arguments, IFEval-lite);
+                 all own tasks share generate calls (sorted by prompt length), as decoding steps dominate on CPU
+    target       the task the run was tuned for, on its held-out split
+    mtbench      two-turn answers judged 1-10 by an LLM (Zheng et al. 2023); "not measured" without a judge
+
+Files (each part's record is written when the part finishes, so a rerun resumes at part granularity):
+    <run parent>/battery-base/<model key>/<part>-<spec hash>.json   the base side, shared by every run of a
+                                                                    sweep (the spec holds every setting
+                                                                    that decides the measurement)
+    <run>/battery/tuned/<part>-<spec hash>.json                     the tuned side (spec + adapter sha256)
+    <run>/battery/battery.json                                      comparisons, lengths, evidence bar
+Events "battery_part" and "battery_end" go to the run's metrics.jsonl.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from scalelab.core.config import to_dict
+from scalelab.core.jsonio import read_json, write_json
+from scalelab.core.rundir import RunDir
+from scalelab.dpo import battery_stats as stats
+from scalelab.dpo.config import DpoConfig
+
+BATTERY_VERSION = 1
+
+# ---------------------------------------------------------------------------------------------
+# the plan: which parts, and what decides each one's measurement
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str             # file stem: mmlu, truthfulqa, target, own, mtbench
+    kind: str             # lm_eval | generation | mtbench
+    spec: dict            # settings that decide the base side's numbers
+
+
+def data_root(cfg: DpoConfig) -> Path:
+    from scalelab.evals.tasks import shared_data_root
+    return Path(cfg.battery.data_dir) if cfg.battery.data_dir else shared_data_root()
+
+
+def eval_device_dtype(cfg: DpoConfig) -> tuple[str, str]:
+    """('cpu' | 'cuda', 'float32' | 'bfloat16' | ...): the battery's override, else the model section's."""
+    from scalelab.core.hfmodel import resolve_device, resolve_dtype
+    device = resolve_device(cfg.battery.device or cfg.model.device)
+    dtype = resolve_dtype(cfg.battery.dtype or cfg.model.dtype, device)
+    return device.type, str(dtype).removeprefix("torch.")
+
+
+def target_task(cfg: DpoConfig) -> tuple[str, dict]:
+    name = cfg.battery.target_task or cfg.verifier.task
+    return name, dict(cfg.verifier.task_options) if name == cfg.verifier.task else {}
+
+
+def _lm_eval_parts(cfg: DpoConfig, root: str) -> dict[str, Callable[[], list[Part]]]:
+    b = cfg.battery
+    lm = {"source": b.source, "data_dir": root, "batch_size": b.lm_eval_batch_size}
+    return {"mmlu": lambda: [Part("mmlu", "lm_eval", {**lm, "tasks": ["mmlu"], "limit": b.mmlu_limit,
+                                                      "num_fewshot": {"mmlu": b.mmlu_fewshot}})],
+            "truthfulqa": lambda: [Part("truthfulqa", "lm_eval", {**lm, "tasks": ["truthfulqa_mc1", "truthfulqa_mc2"],
+                                                                  "limit": b.truthfulqa_limit})]}
+
+
+def _generated_parts(cfg: DpoConfig, root: str) -> dict[str, Callable[[], list[Part]]]:
+    b = cfg.battery
+    gen = {"max_new_tokens": b.max_new_tokens, "batch_size": b.gen_batch_size, "seed": b.seed}
+    name, options = target_task(cfg)
+    mtbench = {"data_dir": str(Path(root) / "mt_bench"), "limit": b.mtbench_limit,
+               "max_new_tokens": b.mtbench_max_new_tokens, "batch_size": b.gen_batch_size,
+               "judge_url": b.judge_url, "judge_model": b.judge_model}
+    own = [{"task": t, "options": {}} for t in b.own_tasks]
+    return {"target": lambda: [Part("target", "generation", {**gen, "tasks": [{"task": name, "options": options}],
+                                                            "split": b.target_split, "n": b.target_n})],
+            "own": lambda: [Part("own", "generation", {**gen, "tasks": own, "split": "test", "n": b.own_n})],
+            "mtbench": lambda: [Part("mtbench", "mtbench", mtbench)]}
+
+
+def plan(cfg: DpoConfig) -> list[Part]:
+    """The parts of battery.parts, in that order."""
+    root = str(data_root(cfg))
+    makers = {**_lm_eval_parts(cfg, root), **_generated_parts(cfg, root)}
+    return [p for name in cfg.battery.parts for p in makers[name]()]
+
+
+def _sha(obj: Any, n: int = 16) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
+
+
+def model_key(cfg: DpoConfig) -> dict:
+    device, dtype = eval_device_dtype(cfg)
+    return {"model": cfg.model.name, "device": device, "dtype": dtype}
+
+
+def base_cache_dir(cfg: DpoConfig, run_dir: Path) -> Path:
+    """Beside the run folder, so the runs of one sweep (<sweep>/<run>) share it."""
+    return Path(run_dir).resolve().parent / "battery-base" / _sha(model_key(cfg))
+
+# ---------------------------------------------------------------------------------------------
+# the two sides
+
+
+@dataclass
+class Side:
+    """Where one side's part records live, and its generation model, loaded on first need."""
+    name: str                           # base | tuned
+    folder: Path
+    cfg: DpoConfig
+    adapter: Path | None = None
+    adapter_sha256: str | None = None
+    _model: tuple | None = field(default=None, repr=False)
+
+    def part_path(self, part: Part) -> Path:
+        key = {**part.spec, **model_key(self.cfg), "adapter_sha256": self.adapter_sha256}
+        return self.folder / f"{part.name}-{_sha(key, 12)}.json"
+
+    def model(self) -> tuple:
+        if self._model is None:
+            self._model = load_model(self.cfg, self.adapter)
+        return self._model
+
+    def release(self) -> None:
+        self._model = None
+
+
+def load_model(cfg: DpoConfig, adapter: Path | None) -> tuple:
+    """(model, tokenizer); with an adapter, base + LoRA merged (W + (alpha / r) B A, Hu et al. 2021)."""
+    from scalelab.core.hfmodel import load_causal_lm
+    device, dtype = eval_device_dtype(cfg)
+    model, tokenizer = load_causal_lm(cfg.model.name, dtype, device, cfg.model.cache_dir or None,
+                                      cfg.model.trust_remote_code)
+    if adapter is not None:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().eval()
+    return model, tokenizer
+
+
+def model_folder(cfg: DpoConfig) -> Path:
+    """A local HF folder of the base model for lm-eval: the cached GGUF conversion, the folder, or a hub snapshot."""
+    from scalelab.core.hfmodel import materialize
+    where = materialize(cfg.model.name, cfg.model.cache_dir or None)
+    if Path(where).is_dir():
+        return Path(where)
+    from huggingface_hub import snapshot_download
+    return Path(snapshot_download(where, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt",
+                                                         "*.tiktoken"]))
+
+
+def adapter_sha256(adapter: Path) -> str:
+    from scalelab.core.hfmodel import sha256_file
+    weights = adapter / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights}: no adapter weights; train the run first (scalelab dpo train)")
+    return sha256_file(weights)
+
+# ---------------------------------------------------------------------------------------------
+# measuring one part on one side
+
+
+def measure_lm_eval(part: Part, side: Side) -> dict:
+    from scalelab.evals.harness import result_dict, run_lm_eval
+    s, (device, dtype) = part.spec, eval_device_dtype(side.cfg)
+    r = run_lm_eval(model_folder(side.cfg), s["tasks"], source=s["source"], data_dir=s["data_dir"],
+                    limit=s["limit"] or None, batch_size=s["batch_size"], device=device, dtype=dtype,
+                    num_fewshot=s.get("num_fewshot"), peft_path=side.adapter, log_samples=True)
+    scores = {}
+    for task in s["tasks"]:
+        # MMLU's samples come per subject (mmlu_anatomy, ...): one question = one paired example
+        names = [k for k in r.samples if k == task or (task == "mmlu" and k.startswith("mmlu_"))]
+        scores[task] = {"metric": "acc", "binary": task != "truthfulqa_mc2",
+                        "values": {f"{k}/{x['doc_id']}": x["acc"] for k in sorted(names) for x in r.samples[k]}}
+    tasks = {t.name: {"acc": t.metric("acc").value, "stderr": t.metric("acc").stderr, "n": t.n_examples,
+                      "n_available": t.n_available, "num_fewshot": t.num_fewshot} for t in r.tasks}
+    return {"scores": scores, "lm_eval": tasks, "eval": result_dict(r)}
+
+
+def generation_examples(part: Part) -> list[tuple[Any, Any]]:
+    """(task, example) for every task of the part, `n` examples of its split each."""
+    from scalelab.evals.tasks import get_task
+    s, out = part.spec, []
+    for t in s["tasks"]:
+        task = get_task(t["task"], **t["options"])
+        examples = task.load(s["split"], limit=s["n"], seed=s["seed"])
+        if not examples:
+            raise ValueError(f"battery part {part.name}: task {t['task']!r} gave no {s['split']} examples")
+        out += [(task, ex) for ex in examples]
+    return out
+
+
+def measure_generation(part: Part, side: Side) -> dict:
+    """One greedy_generate over every example of the part; per example its score, length and limit flag."""
+    from scalelab.dpo.generate import greedy_generate
+    s, pairs = part.spec, generation_examples(part)
+    model, tokenizer = side.model()
+    gens = greedy_generate(model, tokenizer, [ex.prompt for _, ex in pairs], s["max_new_tokens"], s["batch_size"])
+    rows = []
+    for (task, ex), g in zip(pairs, gens):
+        sc = task.score(ex, g.text)
+        rows.append({"task": task.name, "id": ex.id, "correct": bool(sc.correct), "partial": sc.partial,
+                     "n_tokens": g.n_tokens, "hit_limit": g.hit_limit, "completion": g.text, "reason": sc.reason})
+    scores = {}
+    for t in s["tasks"]:
+        mine = [r for r in rows if r["task"] == t["task"]]
+        scores["target" if part.name == "target" else t["task"]] = {
+            "metric": "correct", "binary": True, "task": t["task"], "split": s["split"],
+            "values": {r["id"]: float(r["correct"]) for r in mine}}
+    return {"examples": rows, "scores": scores}
+
+
+def recording_generate(side: Side, max_new_tokens: int, batch_size: int, log: Path) -> Callable:
+    """An MT-Bench GenerateFn on greedy_generate that appends each reply's length to `log` (jsonl)."""
+    from scalelab.dpo.generate import greedy_generate
+
+    def generate(conversations: list[list[dict]]) -> list[str]:
+        model, tokenizer = side.model()
+        gens = greedy_generate(model, tokenizer, conversations, max_new_tokens, batch_size)
+        with open(log, "a") as f:
+            for c, g in zip(conversations, gens):
+                f.write(json.dumps({"conversation_sha": _sha(c), "n_tokens": g.n_tokens,
+                                    "hit_limit": g.hit_limit}) + "\n")
+        return [g.text for g in gens]
+    return generate
+
+
+def measure_mtbench(part: Part, side: Side) -> dict:
+    from scalelab.evals.mtbench import JudgeConfig, result_dict, run_mtbench
+    s, b = part.spec, side.cfg.battery
+    out = side.folder / f"{side.part_path(part).stem}-files"
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "lengths.jsonl"
+    judge = JudgeConfig(url=s["judge_url"], model=s["judge_model"], api_key_env=b.judge_api_key_env)
+    r = run_mtbench(recording_generate(side, s["max_new_tokens"], s["batch_size"], log), s["data_dir"], judge,
+                    limit=s["limit"] or None, out_dir=out)
+    lengths = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    return {"result": result_dict(r), "lengths": lengths, "files": str(out)}
+
+
+MEASURE: dict[str, Callable[[Part, Side], dict]] = {
+    "lm_eval": measure_lm_eval, "generation": measure_generation, "mtbench": measure_mtbench}
+
+
+def run_part(part: Part, side: Side, rd: RunDir) -> dict:
+    """The part's record: reused when its file exists (same spec, model and adapter), else measured and saved."""
+    path = side.part_path(part)
+    if path.is_file():
+        record = read_json(path)
+        rd.log_event("battery_part", side=side.name, part=part.name, reused=True, path=str(path))
+        return record
+    if part.kind == "lm_eval":
+        side.release()  # lm-eval loads its own copy of the model
+    t0 = time.perf_counter()
+    record = {"part": part.name, "kind": part.kind, "side": side.name, "spec": part.spec,
+              "model": model_key(side.cfg), "adapter_sha256": side.adapter_sha256,
+              **MEASURE[part.kind](part, side), "wall_s": time.perf_counter() - t0}
+    write_json(path, record)
+    rd.log_event("battery_part", side=side.name, part=part.name, reused=False, path=str(path),
+                 wall_s=record["wall_s"])
+    print(f"battery: {side.name:5s} {part.name:22s} {record['wall_s']:7.1f} s", flush=True)
+    return record
+
+# ---------------------------------------------------------------------------------------------
+# the whole battery
+
+
+def run_battery(cfg: DpoConfig, run_dir: str | Path) -> dict:
+    """Evaluate base and base + <run>/adapter on every planned part; write and return battery.json."""
+    run_dir = Path(run_dir)
+    adapter = run_dir / "adapter"
+    sha = adapter_sha256(adapter)
+    parts, rd = plan(cfg), RunDir(run_dir)
+    base = Side("base", base_cache_dir(cfg, run_dir), cfg)
+    tuned = Side("tuned", run_dir / "battery" / "tuned", cfg, adapter, sha)
+    t0 = time.perf_counter()
+    rd.log_event("battery_start", parts=[p.name for p in parts], base_cache=str(base.folder))
+    records = {}
+    for side in (base, tuned):
+        side.folder.mkdir(parents=True, exist_ok=True)
+        # lm-eval parts first: our generation model is loaded only after them, never beside lm-eval's copy
+        for part in sorted(parts, key=lambda p: p.kind != "lm_eval"):
+            records[(side.name, part.name)] = run_part(part, side, rd)
+        side.release()
+    battery = summarize(cfg, run_dir, parts, records, {"base": base, "tuned": tuned})
+    write_json(run_dir / "battery" / "battery.json", battery)
+    rd.log_event("battery_end", verdict=battery["evidence"]["verdict"], wall_s=time.perf_counter() - t0)
+    return battery
+
+
+def summarize(cfg: DpoConfig, run_dir: Path, parts: list[Part], records: dict, sides: dict[str, Side]) -> dict:
+    """battery.json from the part records of both sides."""
+    b = cfg.battery
+    comparisons: dict[str, dict] = {}
+    for part in parts:
+        base, tuned = records[("base", part.name)], records[("tuned", part.name)]
+        for row, sc in base.get("scores", {}).items():
+            comparisons[row] = {**stats.comparison_row(row, part.name, sc["metric"], sc["values"],
+                                                       tuned["scores"][row]["values"], sc["binary"],
+                                                       b.bootstrap_resamples, b.seed),
+                                **{k: sc[k] for k in ("task", "split") if k in sc}}
+    mt = mtbench_block(records.get(("base", "mtbench")), records.get(("tuned", "mtbench")))
+    out = {"version": BATTERY_VERSION, "run": run_dir.name, "base_model": cfg.model.name,
+           "adapter_sha256": sides["tuned"].adapter_sha256, "base_cache": str(sides["base"].folder),
+           "config": to_dict(b), "target": dict(zip(("task", "options"), target_task(cfg))),
+           "parts": {p.name: {s: str(sides[s].part_path(p)) for s in sides} for p in parts},
+           "wall_s": {p.name: {s: records[(s, p.name)].get("wall_s") for s in sides} for p in parts},
+           "comparisons": comparisons, "mtbench": mt, "mtbench_max_drop": b.mtbench_max_drop,
+           "lengths": lengths_from_records(parts, records, mt["status"] == stats.MEASURED)}
+    return {**out, "evidence": stats.evidence_block(out)}
+
+
+def mtbench_block(base: dict | None, tuned: dict | None) -> dict:
+    """MT-Bench base vs tuned; measured only when both sides were."""
+    if base is None or tuned is None:
+        return {"status": "not measured", "reason": "part not run (battery.parts)"}
+    rb, rt = base["result"], tuned["result"]
+    if rb["status"] != stats.MEASURED or rt["status"] != stats.MEASURED:
+        why = rb["reason"] if rb["status"] != stats.MEASURED else f"tuned: {rt['reason']}"
+        return {"status": "not measured", "reason": why, "judge_model": rb.get("judge_model", "")}
+    return {"status": stats.MEASURED, "reason": "", "judge_model": rb["judge_model"],
+            "n_questions": rb["n_questions"], "base_mean": rb["mean"], "tuned_mean": rt["mean"],
+            "delta": rt["mean"] - rb["mean"], "base_turn1": rb["mean_turn1"], "tuned_turn1": rt["mean_turn1"],
+            "base_turn2": rb["mean_turn2"], "tuned_turn2": rt["mean_turn2"],
+            "base_per_category": rb["per_category"], "tuned_per_category": rt["per_category"],
+            "n_parse_failed": {"base": rb["n_parse_failed"], "tuned": rt["n_parse_failed"]}}
+
+
+def _by_source(part: Part, examples: list[dict]) -> dict[str, list[stats.LengthRecord]]:
+    out: dict[str, list[stats.LengthRecord]] = {}
+    for r in examples:
+        source = "target" if part.name == "target" else r["task"]
+        out.setdefault(source, []).append(stats.LengthRecord(r["n_tokens"], r["hit_limit"]))
+    return out
+
+
+def lengths_from_records(parts: list[Part], records: dict, mtbench_measured: bool) -> dict:
+    """Generated-response lengths of own + target parts (and MT-Bench answers when it was measured)."""
+    per: dict[str, dict[str, list]] = {"base": {}, "tuned": {}}
+    paired: tuple[list[int], list[int]] = ([], [])
+    for part in parts:
+        if part.kind == "generation":
+            for side in per:
+                per[side] |= _by_source(part, records[(side, part.name)]["examples"])
+            tuned = {(r["task"], r["id"]): r["n_tokens"] for r in records[("tuned", part.name)]["examples"]}
+            for r in records[("base", part.name)]["examples"]:
+                paired[0].append(r["n_tokens"])
+                paired[1].append(tuned[(r["task"], r["id"])])
+        elif part.kind == "mtbench" and mtbench_measured:
+            for side in per:
+                per[side]["mtbench"] = [stats.LengthRecord(r["n_tokens"], r["hit_limit"])
+                                        for r in records[(side, part.name)]["lengths"]]
+    return stats.lengths_block(per["base"], per["tuned"], paired)
+
+
+def summary_line(battery: dict) -> str:
+    """One line: target delta with CI, MMLU delta, length ratio, verdict."""
+    rows, ratio = battery["comparisons"], (battery.get("lengths") or {}).get("ratio")
+    parts = []
+    if "target" in rows:
+        t = rows["target"]
+        parts.append(f"target {100 * t['delta']:+.1f} pts [{100 * t['ci_low']:+.1f}, {100 * t['ci_high']:+.1f}]")
+    if "mmlu" in rows:
+        parts.append(f"MMLU {100 * rows['mmlu']['delta']:+.1f} pts")
+    if ratio is not None:
+        parts.append(f"length x{ratio:.2f}")
+    return ", ".join(parts + [f"evidence {battery['evidence']['verdict']}"])
