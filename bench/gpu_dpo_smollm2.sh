@@ -8,7 +8,9 @@
 #                pure-Python dependencies (a pyarrow wheel there is skipped: the image has pyarrow)
 #   env: OUT (results folder, default /tmp/out), RUNS (sweep parent, default /tmp/dpo-runs), BUDGET_S (default 540)
 # Every stage resumes: a call cut short by BUDGET_S continues where it stopped when run again on the same machine.
-# Results: $OUT/smollm2-sweep.tar.gz (the sweep folder without checkpoints or merged weights) and $OUT/dpo.log.
+# Results: $OUT/smollm2-sweep.tar.gz (the sweep folder without checkpoints or weights) and $OUT/dpo.log.
+# The battery reads MMLU, TruthfulQA and MT-Bench from battery.data_dir (default ../shared/data): carry a copy
+# and pass --set battery.data_dir=... where the machine has no ../shared.
 set -uo pipefail
 GGUF=$1; WHL=$2; shift 2
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/dpo-runs}; BUDGET_S=${BUDGET_S:-540}
@@ -35,4 +37,4 @@ sweep() {  # $1 = losses, $2 = betas, then --set overrides
   echo "sweep exit=$?"
   python3 -m scalelab.cli dpo report "$RUNS/smollm2"
 } 2>&1 | grep -v -i "warning" | tee "$OUT/dpo.log" | tail -60
-tar -C "$RUNS" --exclude=checkpoints --exclude=merged --exclude='checkpoint-*' -czf "$OUT/smollm2-sweep.tar.gz" smollm2
+tar -C "$RUNS" --exclude=checkpoints --exclude=merged --exclude='checkpoint-*' --exclude='*.safetensors' -czf "$OUT/smollm2-sweep.tar.gz" smollm2
