@@ -6,6 +6,8 @@ serve: predictions -> a real vLLM CPU server on a random-weight 16M Llama -> clo
 batch 1 and 4 -> the scaling table and REPORT.md (configs/serve/tiny-cpu.toml).
 dpo: SmolLM2-135M-Instruct samples and grades its own 1-digit sums -> preference pairs -> predictions -> LoRA DPO
 -> the regression battery at a subsampled size (base vs tuned) -> REPORT.md (configs/dpo/tiny-cpu.toml).
+grpo: SmolLM2-135M-Instruct + LoRA GRPO on 1-digit sums, every phase timed -> held-out pass@1 before/after ->
+REPORT.md (configs/grpo/tiny-cpu.toml, shortened: scalelab.grpo.demo).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "pretrain" / "tiny-cpu.toml"
 SERVE_CONFIG = REPO / "configs" / "serve" / "tiny-cpu.toml"
 DPO_CONFIG = REPO / "configs" / "dpo" / "tiny-cpu.toml"
-JOBS = ("pretrain", "serve", "dpo")
+JOBS = ("pretrain", "serve", "dpo", "grpo")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +92,12 @@ def dpo_demo(args: argparse.Namespace) -> str:
             f"{r['heldout_reward_accuracy_last']:.2f}; {summary_line(battery)}; report: {cfg.run_dir / 'REPORT.md'}")
 
 
-DEMOS = {"pretrain": pretrain_demo, "serve": serve_demo, "dpo": dpo_demo}
+def grpo_demo(args: argparse.Namespace) -> str:
+    from scalelab.grpo.demo import grpo_demo as run
+    return run(args)
+
+
+DEMOS = {"pretrain": pretrain_demo, "serve": serve_demo, "dpo": dpo_demo, "grpo": grpo_demo}
 
 
 def run_demo(args: argparse.Namespace) -> int:

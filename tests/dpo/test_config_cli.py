@@ -55,6 +55,17 @@ def _shape():
                       memory_in_use_bytes=2 * 2**30)
 
 
+def test_gpu_step_time_adds_the_dispatch_overhead_per_layer_and_pass():
+    cfg = load_dpo_config(None, ["run.gpu='h200'", "train.max_steps=10", "train.batch_size=32"])
+    p = predict(cfg, _shape(), mean_sequence_tokens=100.0, n_train_pairs=320, device_type="cuda",
+                uses_reference=True)
+    flop_s = 2 * 134_515_008 * (2 * 32 * 100) * 3 / (0.30 * 989.4e12)
+    # 30 layers x 3 passes x 3.3 ms: the H200 measurement (0.31 s) that the FLOP term alone misses 26x
+    assert p.overhead_s == pytest.approx(30 * 3 * 3.3e-3)
+    assert p.step_s == pytest.approx(flop_s + 0.297, rel=1e-3)
+    assert p.step_s_low < p.step_s < p.step_s_high and 0.25 < p.step_s < 0.35
+
+
 def test_predictions_by_hand():
     cfg = load_dpo_config(None, ["run.gpu='cpu'", "train.max_steps=10", "train.batch_size=4"])
     p = predict(cfg, _shape(), mean_sequence_tokens=50.0, n_train_pairs=40, device_type="cpu",

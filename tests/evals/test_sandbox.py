@@ -40,6 +40,14 @@ def sandbox_processes() -> int:
     return count
 
 
+def sandbox_processes_after(wait_s: float = 5.0) -> int:
+    """Survivors once the kernel has had time to reap a killed group (a loaded CPU can take well over 0.2 s)."""
+    deadline = time.monotonic() + wait_s
+    while (n := sandbox_processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return n
+
+
 def test_plain_program_runs_with_its_output_and_the_always_on_layers():
     r = run_python("import math\nprint(math.factorial(10))", FAST)
     assert r.ok and r.status == "ok" and r.returncode == 0
@@ -91,8 +99,7 @@ def test_fork_bomb_under_kernel_limits_alone_is_contained():
     need("netns")
     r = run_python(FORK_BOMB, only("netns"))
     assert not r.ok and r.status in ("timeout", "error", "killed")
-    time.sleep(0.2)
-    assert sandbox_processes() == 0
+    assert sandbox_processes_after() == 0
 
 
 @pytest.mark.parametrize("program", ["import subprocess\nsubprocess.run(['echo', 'hi'])",

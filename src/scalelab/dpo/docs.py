@@ -7,6 +7,7 @@ files or computed from them by the same code as their REPORT.md.
 """
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 from dataclasses import dataclass, replace
@@ -152,9 +153,18 @@ def _predicted(d: DocInputs) -> list[str]:
             f"of {p.get('assumed_mfu')}, peak memory from the weights in use plus activations (Korthikanti et al. "
             f"2022), the starting loss (ln 2 for DPO: the policy is the reference at step 0) and the held-out "
             f"reward accuracy from the epochs seen. For `{f.name}` the measured median step took {step[4]} the "
-            "predicted time.", ""] \
+            "predicted time." + _overhead_note(p), ""] \
         + table(["quantity", "predicted", "interval", "measured", "measured / predicted", "inside"],
                 prediction_rows(f)) + [""]
+
+
+def _overhead_note(p: dict) -> str:
+    if "overhead_s" in p:
+        return f" The step time includes {p['overhead_s']:.3f} s of per-layer dispatch overhead."
+    from scalelab.dpo.predict import GPU_OVERHEAD
+    return (" These predictions predate the predictor's dispatch-overhead term (layers x passes x "
+            f"{1e3 * GPU_OVERHEAD.s_per_layer_pass:.1f} ms on a GPU, {GPU_OVERHEAD.why}): a model this small spends "
+            "its step launching kernels, which FLOPs at any MFU do not describe; later runs predict with it.")
 
 
 def _margins(d: DocInputs) -> list[str]:
@@ -238,21 +248,34 @@ def _not_measured(d: DocInputs) -> list[str]:
                     "resample examples only.", ""]
 
 
+def _recorded_commands(d: DocInputs) -> list[str]:
+    """The commands the runs recorded in provenance.json, first seen first (a resumed run records its resume)."""
+    seen: list[str] = []
+    for r in d.runs:
+        p = r.path / "provenance.json"
+        cmd = json.loads(p.read_text()).get("command", "") if p.is_file() else ""
+        if cmd and cmd not in seen:
+            seen.append(cmd)
+    return seen
+
+
 def _reproduce(d: DocInputs) -> list[str]:
     f = d.featured
-    return ["## Reproduce", "",
-            "```",
-            f"scalelab dpo sweep --config <the config> --beta {','.join(sorted({f'{r.beta:g}' for r in d.rows}))} "
-            f"--loss {','.join(sorted({r.loss for r in d.rows}))} --name {d.source.name}",
-            f"scalelab dpo battery {d.source}      # if battery.enabled was false",
+    return ["## Reproduce", "", "The runs recorded these commands:", "", "```", *_recorded_commands(d), "```", "",
+            "and the report and this page come from the folder:", "", "```",
             f"scalelab dpo report {d.source}",
             f"scalelab dpo docs {d.source} --out docs/dpo.md",
             "```", "", f"Model `{_cfg(f, 'model', 'name')}`, runs under `{d.source}`.", ""]
 
 
+def _throughput(d: DocInputs) -> list[str]:
+    from scalelab.dpo.throughput_doc import find_throughput, throughput_md
+    return [line for path in find_throughput(d.source) for line in throughput_md(path)]
+
+
 def render(d: DocInputs) -> str:
     return "\n".join([*_intro(d), *_setup(d), *_predicted(d), *_margins(d), *_battery(d), *_ablation(d),
-                      *_evidence(d), *_not_measured(d), *_reproduce(d)])
+                      *_evidence(d), *_throughput(d), *_not_measured(d), *_reproduce(d)])
 
 # ---------------------------------------------------------------------------------------------
 # figures and save

@@ -6,6 +6,9 @@
                 LoRA, Hu et al. 2021) + 1 reference forward (DPO/IPO unless precomputed) + 1 recompute
                 forward with gradient checkpointing
     step s    = step FLOPs / (MFU x peak FLOP/s)           MFU: a prior per hardware, below
+                + layers x passes x dispatch overhead      eager PyTorch launches each op from Python: a
+                                                           fixed cost per layer and pass that no matmul hides
+                                                           on a small model (measured on an H200, below)
     memory    = memory in use when the prediction is made (weights, runtime, allocator-held memory: read,
                 not modelled) + LoRA params, grads and AdamW moments (16 B each, fp32) + activations
     loss(0)   = ln 2 for DPO: LoRA's B starts at zero, so pi = pi_ref and every margin is 0
@@ -46,6 +49,25 @@ MFU_PRIORS: dict[str, MfuPrior] = {
     "a100-80gb": MfuPrior(0.35, 0.15, 0.50, "guess: the H100 guess, a little higher on A100's lower peak"),
     "l40s": MfuPrior(0.30, 0.10, 0.45, "guess: Ada GPU, eager bf16"),
 }
+
+
+@dataclass(frozen=True)
+class OverheadPrior:
+    s_per_layer_pass: float
+    why: str
+
+
+# Measured on an H200 (results/h200/dpo/smollm2, dpo-beta0.05): SmolLM2-135M, LoRA r=16 on all 7 projections,
+# bf16, 32 pairs x ~100 tokens: median step 0.31 s where the FLOP term gives 0.012 s, i.e. 3.3 ms per layer
+# and pass (30 layers x 3 passes): ~50 eager ops per adapted layer forward at tens of us each, plus TRL's
+# per-step logging syncs. One point, added after that run (its own predictions.json predates it). On the 7B
+# shape the term is 0.28 s of a measured 1.40 s step. CPU steps of the same model are FLOP-bound (0.31 MFU).
+OVERHEAD_PRIORS: dict[str, OverheadPrior] = {
+    "cpu": OverheadPrior(0.0, "CPU steps measured FLOP-bound"),
+}
+GPU_OVERHEAD = OverheadPrior(3.3e-3, "measured: SmolLM2-135M LoRA-DPO on an H200, 0.31 s/step at 30 layers x 3 "
+                                     "passes (one point)")
+
 # Measured correction to the activation term: on the tiny-cpu run (SmolLM2-135M, fp32, LoRA r=16 with dropout
 # on all 7 projections, 8 sequences x ~60 tokens) the resident peak exceeded weights + runtime + LoRA state by
 # 1.77 GiB, 3.2x the 34-bytes-per-hidden estimate: LoRA dropout keeps a copy of each adapted input, SwiGLU saves
@@ -67,6 +89,7 @@ class DpoPrediction:
     flops_per_step: float
     assumed_mfu: float
     mfu_why: str
+    overhead_s: float                  # layers x passes x the dispatch prior
     step_s: float
     step_s_low: float
     step_s_high: float
@@ -120,15 +143,17 @@ def predict(cfg: DpoConfig, shape: ModelShape, mean_sequence_tokens: float, n_tr
     steps = cfg.train.max_steps or math.ceil(cfg.train.num_epochs * n_train_pairs / pairs_per_step)
     passes = forward_passes(cfg, uses_reference)
     flops = 2.0 * shape.n_params * 2 * pairs_per_step * mean_sequence_tokens * passes
-    step_s = flops / (prior.mfu * hw.bf16_flops)
+    overhead = shape.layers * passes * OVERHEAD_PRIORS.get(hw.key, GPU_OVERHEAD).s_per_layer_pass
+    step_s = flops / (prior.mfu * hw.bf16_flops) + overhead
     tokens_micro = 2 * cfg.train.batch_size * mean_sequence_tokens
     mem = memory_bytes(cfg, shape.memory_in_use_bytes, shape.lora_params, shape.bytes_per_param, shape.hidden,
                        shape.layers, tokens_micro)
     epochs = steps * pairs_per_step / max(n_train_pairs, 1)
     acc, lo, hi = heldout_accuracy(epochs)
     return DpoPrediction(hw.key, shape.n_params, shape.lora_params, steps, pairs_per_step, mean_sequence_tokens,
-                         passes, flops, prior.mfu, prior.why, step_s, flops / (prior.high * hw.bf16_flops),
-                         flops / (prior.low * hw.bf16_flops), step_s * steps, mem / GIB, initial_loss(cfg),
+                         passes, flops, prior.mfu, prior.why, overhead, step_s,
+                         flops / (prior.high * hw.bf16_flops) + overhead / 2,
+                         flops / (prior.low * hw.bf16_flops) + overhead * 2, step_s * steps, mem / GIB, initial_loss(cfg),
                          epochs, acc, lo, hi)
 
 
