@@ -13,7 +13,8 @@ from scalelab.dpo import battery as bat
 from scalelab.dpo import battery_stats as stats
 from scalelab.dpo.config import load_dpo_config
 from scalelab.dpo.evidence import FAIL, NOT_MEASURED, PASS
-from scalelab.dpo.generate import cut_at_stop, greedy_generate, left_pad
+from scalelab.core.hfgen import left_pad
+from scalelab.dpo.generate import cut_at_stop, greedy_generate
 
 # ---------------------------------------------------------------------------------------------
 # fixtures: a run folder holding a random LoRA adapter on the tiny model

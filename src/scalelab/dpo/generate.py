@@ -12,6 +12,8 @@ from typing import Sequence
 
 import torch
 
+from scalelab.core.hfgen import left_pad, stop_token_ids
+
 Conversation = list[dict]  # [{"role": ..., "content": ...}, ...]
 
 
@@ -22,32 +24,9 @@ class Generation:
     hit_limit: bool        # stopped by max_new_tokens, not by an end-of-turn token
 
 
-def stop_token_ids(model, tokenizer) -> list[int]:
-    """End-of-turn ids: the generation config's eos (an int or a list) and the tokenizer's eos."""
-    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    if not ids:
-        raise ValueError("the tokenizer and the model's generation config name no end-of-sequence token")
-    return sorted(set(ids))
-
-
 def render_prompt_ids(tokenizer, conversation: Conversation) -> list[int]:
     text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask), both (B, T_max), padding on the left."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
-            mask[i, width - len(r):] = 1
-    return ids, mask
 
 
 def cut_at_stop(row: Sequence[int], stops: Sequence[int], max_new_tokens: int) -> tuple[list[int], bool]:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from scalelab.core.hfgen import left_pad, stop_token_ids
 from scalelab.grpo.config import ENGINE_SYNC_METHODS
 from scalelab.grpo.weightsync import base_model, write_model_folder
 
@@ -86,31 +87,12 @@ class RolloutEngine(Protocol):
     def close(self) -> None: ...
 
 
-def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
-    """EOS ids of the tokenizer and of the model's generation config (ChatML models end on <|im_end|>)."""
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(base_model(model), "generation_config", None), "eos_token_id", None)
-    ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
-    return sorted(i for i in ids if i is not None)
-
-
 def cut_at_stop(row: Sequence[int], stop_ids: Sequence[int]) -> tuple[int, bool]:
     """(length up to and including the first stop token, whether one was found)."""
     for i, tok in enumerate(row):
         if tok in stop_ids:
             return i + 1, True
     return len(row), False
-
-
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention mask), both (N, L): decoder-only generation continues from the right edge."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-        mask[i, width - len(p):] = 1
-    return ids.to(device), mask.to(device)
 
 
 def repeat_prompts(prompts: Sequence[Sequence[int]], n: int) -> list[tuple[int, ...]]:
