@@ -1,9 +1,12 @@
 """Typed config loading: defaults, TOML, --set overrides, and errors that name the field and what is allowed."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
-from scalelab.core.config import ConfigError, config_hash, dump_toml, load_config, parse_override
+from scalelab.core.config import (ConfigError, config_hash, dump_toml, format_description, load_config, param,
+                                   parse_override, section)
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
 
 
@@ -73,3 +76,23 @@ def test_grad_accum_must_divide():
     assert cfg.grad_accum(1) == 4 and cfg.grad_accum(2) == 2 and cfg.grad_accum(4) == 1
     with pytest.raises(ConfigError, match="not a multiple of"):
         cfg.grad_accum(3)
+
+
+
+@dataclass
+class _Inner:
+    rate: float = param(0.5, "how fast")
+
+
+@dataclass
+class _Outer:
+    inner: _Inner = section(_Inner)
+    long_name: int = param(3, "a count")
+
+
+def test_format_description_lines_up_every_leaf_under_the_longest_name():
+    lines = format_description(_Outer).split("\n")
+    assert lines[0].startswith("inner.rate ") and lines[0].endswith("default=0.5")
+    assert lines[1] == " " * len("inner.rate") + " how fast"
+    assert lines[2].startswith("long_name  ") and lines[2].endswith("default=3")
+    assert lines[3] == " " * len("inner.rate") + " a count"

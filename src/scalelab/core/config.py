@@ -248,6 +248,15 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
     return rows
 
 
+def format_description(cls: type) -> str:
+    """`scalelab <job> config`: every leaf field as "name  type  default=..." with its help on the next line,
+    the name column as wide as the longest name."""
+    rows = describe(cls)
+    width = max(len(name) for name, *_ in rows)
+    return "\n".join(f"{name:{width}s} {tp:34s} default={default!r}\n{'':{width}s} {help_text}"
+                     for name, tp, default, help_text in rows)
+
+
 def add_config_args(p: argparse.ArgumentParser, job: str, example: str) -> None:
     """--config FILE and repeatable --set KEY=VALUE: the same two options on every job's config-taking verbs."""
     p.add_argument("--config", help=f"TOML config (named configs live in configs/{job}/)")

@@ -140,8 +140,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from scalelab.core.config import describe
+    from scalelab.core.config import format_description
     from scalelab.dpo.config import DpoConfig
-    for name, tp, default, help_text in describe(DpoConfig):
-        print(f"{name:32s} {tp:34s} default={default!r}\n{'':32s} {help_text}")
+    print(format_description(DpoConfig))
     return 0

@@ -148,8 +148,7 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from scalelab.core.config import describe
+    from scalelab.core.config import format_description
     from scalelab.grpo.config import GrpoConfig
-    for name, tp, default, help_text in describe(GrpoConfig):
-        print(f"{name:34s} {tp:34s} default={default!r}\n{'':34s} {help_text}")
+    print(format_description(GrpoConfig))
     return 0

@@ -181,8 +181,7 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from scalelab.core.config import describe
+    from scalelab.core.config import format_description
     from scalelab.pretrain.config import PretrainConfig
-    for name, tp, default, help_text in describe(PretrainConfig):
-        print(f"{name:28s} {tp:34s} default={default!r}\n{'':28s} {help_text}")
+    print(format_description(PretrainConfig))
     return 0

@@ -93,8 +93,7 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from scalelab.core.config import describe
+    from scalelab.core.config import format_description
     from scalelab.serve.config import ServeConfig
-    for name, tp, default, help_text in describe(ServeConfig):
-        print(f"{name:32s} {tp:34s} default={default!r}\n{'':32s} {help_text}")
+    print(format_description(ServeConfig))
     return 0
