@@ -12,6 +12,16 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class MfuAssumption:
+    """An assumed model-FLOPs utilization with its interval and where it comes from (measured, lead, guess):
+    each job's predictor keeps a table of these per hardware key."""
+    mfu: float
+    mfu_low: float
+    mfu_high: float
+    why: str
+
+
+@dataclass(frozen=True)
 class Hardware:
     key: str
     name: str

@@ -21,33 +21,25 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from scalelab.core.hardware import Hardware, resolve_hardware
+from scalelab.core.hardware import Hardware, MfuAssumption, resolve_hardware
 from scalelab.core.rundir import RunDir
 from scalelab.dpo.config import DpoConfig
 
 GIB = 2**30
 
 
-@dataclass(frozen=True)
-class MfuPrior:
-    mfu: float
-    low: float
-    high: float
-    why: str
-
-
 # Keyed by hardware-table key. Eager HF models, no torch.compile.
-MFU_PRIORS: dict[str, MfuPrior] = {
+MFU_PRIORS: dict[str, MfuAssumption] = {
     # Measured, tiny-cpu config (SmolLM2-135M, fp32, 4 pairs x ~60 tokens, 385 GFLOP per step by the formula
     # above): 6.2-6.6 s per step alone on the 2 cores = 0.31 of the nominal 0.192 TFLOP/s. With a second
     # 2-thread torch process on the same cores, OpenMP spin-waiting made steps 39-68 s (0.03-0.05): the low end.
-    "cpu": MfuPrior(0.30, 0.03, 0.40, "measured: tiny-cpu LoRA-DPO of SmolLM2-135M, fp32, 2 cores; "
+    "cpu": MfuAssumption(0.30, 0.03, 0.40, "measured: tiny-cpu LoRA-DPO of SmolLM2-135M, fp32, 2 cores; "
                                       "0.31 alone, 0.03-0.05 sharing the cores with another torch job"),
-    "h200": MfuPrior(0.30, 0.10, 0.45, "guess: eager bf16 LoRA on a 7B model; a 135M model sits near the low end "
+    "h200": MfuAssumption(0.30, 0.10, 0.45, "guess: eager bf16 LoRA on a 7B model; a 135M model sits near the low end "
                                        "(kernel launches dominate its small matmuls)"),
-    "h100-sxm": MfuPrior(0.30, 0.10, 0.45, "guess: as h200 (same compute)"),
-    "a100-80gb": MfuPrior(0.35, 0.15, 0.50, "guess: the H100 guess, a little higher on A100's lower peak"),
-    "l40s": MfuPrior(0.30, 0.10, 0.45, "guess: Ada GPU, eager bf16"),
+    "h100-sxm": MfuAssumption(0.30, 0.10, 0.45, "guess: as h200 (same compute)"),
+    "a100-80gb": MfuAssumption(0.35, 0.15, 0.50, "guess: the H100 guess, a little higher on A100's lower peak"),
+    "l40s": MfuAssumption(0.30, 0.10, 0.45, "guess: Ada GPU, eager bf16"),
 }
 
 
@@ -152,8 +144,8 @@ def predict(cfg: DpoConfig, shape: ModelShape, mean_sequence_tokens: float, n_tr
     acc, lo, hi = heldout_accuracy(epochs)
     return DpoPrediction(hw.key, shape.n_params, shape.lora_params, steps, pairs_per_step, mean_sequence_tokens,
                          passes, flops, prior.mfu, prior.why, overhead, step_s,
-                         flops / (prior.high * hw.bf16_flops) + overhead / 2,
-                         flops / (prior.low * hw.bf16_flops) + overhead * 2, step_s * steps, mem / GIB, initial_loss(cfg),
+                         flops / (prior.mfu_high * hw.bf16_flops) + overhead / 2,
+                         flops / (prior.mfu_low * hw.bf16_flops) + overhead * 2, step_s * steps, mem / GIB, initial_loss(cfg),
                          epochs, acc, lo, hi)
 
 

@@ -22,7 +22,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from scalelab.core.hardware import Hardware, resolve_hardware
+from scalelab.core.hardware import Hardware, MfuAssumption, resolve_hardware
 from scalelab.core.rundir import RunDir
 from scalelab.pretrain import calibrate as cal
 from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config
@@ -35,14 +35,6 @@ CALIBRATION_PATH = Path(os.environ.get("SCALELAB_PRETRAIN_CALIBRATION",
                                        _RESULTS / "pretrain_predictor_calibration.json"))
 LADDER_PATH = Path(os.environ.get("SCALELAB_SCALING_LADDER", _RESULTS / "scaling_ladder.json"))
 AUTO = "auto"  # predict(calibration=AUTO): read CALIBRATION_PATH when it exists
-
-
-@dataclass(frozen=True)
-class MfuAssumption:
-    mfu: float
-    mfu_low: float
-    mfu_high: float
-    why: str
 
 
 # Per hardware-table key. GPU rows assume bf16 autocast + torch.compile on a GPT-2-124M-sized model.
