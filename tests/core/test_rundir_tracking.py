@@ -9,7 +9,7 @@ import pytest
 
 from scalelab.core.jsonio import append_jsonl, iter_jsonl, write_json
 from scalelab.core.rundir import RunDir
-from scalelab.core.tracking import JsonlFollower, make_sinks
+from scalelab.core.tracking import JsonlFollower, make_sinks, mirrored_metrics
 from scalelab.pretrain.config import load_pretrain_config
 
 
@@ -54,6 +54,22 @@ def test_tensorboard_mirror(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 5.0), (2, 4.0)]
+
+
+def test_mirrored_metrics_forwards_lines_written_in_the_body_even_when_it_fails(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    metrics = tmp_path / "metrics.jsonl"
+    with pytest.raises(RuntimeError, match="crashed"):
+        with mirrored_metrics(["tensorboard"], tmp_path, metrics, "p", "n", {}):
+            for step, loss in [(1, 3.0), (2, 2.5)]:
+                append_jsonl(metrics, {"event": "train", "step": step, "loss": loss})
+            raise RuntimeError("crashed")
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 3.0), (2, 2.5)]
+    with mirrored_metrics([], tmp_path / "none", metrics, "p", "n", {}):
+        pass
+    assert not (tmp_path / "none").exists()
 
 
 def test_wandb_offline_mirror(tmp_path, monkeypatch):

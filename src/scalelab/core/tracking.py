@@ -8,8 +8,9 @@ comes only from the environment (WANDB_API_KEY) and is never logged.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from scalelab.core.jsonio import iter_jsonl
 
@@ -108,3 +109,17 @@ class JsonlFollower:
         self.drain()
         for sink in self.sinks:
             sink.close()
+
+
+@contextmanager
+def mirrored_metrics(names: list[str], run_dir: Path, metrics_path: Path, project: str, name: str,
+                     config: dict) -> Iterator[None]:
+    """While the body runs, mirror metrics.jsonl to the named sinks; the last lines are forwarded and the sinks
+    closed when it ends, also on an error. No sinks: nothing runs."""
+    sinks = make_sinks(names, run_dir, project=project, name=name, config=config)
+    follower = JsonlFollower(metrics_path, sinks).start() if sinks else None
+    try:
+        yield
+    finally:
+        if follower:
+            follower.stop()

@@ -17,7 +17,7 @@ from scalelab.core.config import to_dict
 from scalelab.core.hfmodel import load_causal_lm
 from scalelab.core.jsonio import read_json
 from scalelab.core.rundir import RunDir
-from scalelab.core.tracking import JsonlFollower, make_sinks
+from scalelab.core.tracking import mirrored_metrics
 from scalelab.dpo.config import DpoConfig
 from scalelab.dpo.data import PreferencePair, load_pairs, split_by_prompt, subsample
 
@@ -178,13 +178,8 @@ def train_run(cfg: DpoConfig, rd: RunDir) -> dict:
 def run_dpo(cfg: DpoConfig) -> dict:
     """Train (or resume) the run described by cfg; return results.json's content."""
     rd = prepare_run_dir(cfg)
-    sinks = make_sinks(cfg.run.trackers, rd.path, project="scalelab-dpo", name=cfg.run.name, config=to_dict(cfg))
-    follower = JsonlFollower(rd.metrics_path, sinks).start() if sinks else None
-    try:
+    with mirrored_metrics(cfg.run.trackers, rd.path, rd.metrics_path, "scalelab-dpo", cfg.run.name, to_dict(cfg)):
         train_run(cfg, rd)
-    finally:
-        if follower:
-            follower.stop()
     results = results_from_run(rd.path)
     rd.write_results(results)
     print(format_results(results))

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from scalelab.core.rundir import RunDir
-from scalelab.core.tracking import JsonlFollower, make_sinks
+from scalelab.core.tracking import mirrored_metrics
 from scalelab.core.config import to_dict
 from scalelab.pretrain.config import PretrainConfig
 from scalelab.pretrain.shards import manifest_hash
@@ -46,18 +46,13 @@ def run_training(cfg: PretrainConfig, nproc: int = 1) -> dict:
     """Train (or resume) the run described by cfg; return results.json's content."""
     from scalelab.pretrain.report import build_report, results_from_run
     rd = prepare_run_dir(cfg, nproc)
-    sinks = make_sinks(cfg.run.trackers, rd.path, project="scalelab-pretrain", name=cfg.run.name,
-                       config=to_dict(cfg))
-    follower = JsonlFollower(rd.metrics_path, sinks).start() if sinks else None
-    try:
+    with mirrored_metrics(cfg.run.trackers, rd.path, rd.metrics_path, "scalelab-pretrain", cfg.run.name,
+                          to_dict(cfg)):
         if nproc == 1:
             from scalelab.pretrain.train_gpt import train
             train(cfg)
         else:
             _torchrun(rd, nproc)
-    finally:
-        if follower:
-            follower.stop()
     results = results_from_run(rd.path)
     rd.write_results(results)
     report = build_report(rd.path)
