@@ -20,6 +20,11 @@ def test_run_folder_files(tmp_path):
     digest = rd.write_predictions({"tokens_per_s": 123.0})
     assert digest == hashlib.sha256((rd.path / "predictions.json").read_bytes()).hexdigest()
     assert [e["sha256"] for e in rd.events("predictions_written")] == [digest]
+    written = rd.read("predictions.json")
+    assert written["provenance"] == {"git_sha": prov["git_sha"], "command": prov["command"],
+                                     "source": "provenance.json"}
+    rd.write_predictions({**written, "extra": 1})   # an extended file keeps the provenance it was written with
+    assert rd.read("predictions.json")["provenance"] == written["provenance"]
     rd.log_event("train", step=1, loss=float("nan"))
     assert list(rd.events("train"))[0]["loss"] == "nan"  # non-finite kept as text, file stays valid JSON
     assert (rd.path / "config.toml").read_text().startswith("[model]")

@@ -52,8 +52,10 @@ class RunDir:
 
     def write_predictions(self, predictions: dict, event: str = "predictions_written") -> str:
         """Write predictions.json and log its hash as `event`: the record that they existed before the
-        measurement. A `written_unix` in `predictions` (a file being extended) is kept."""
+        measurement. A `written_unix` in `predictions` (a file being extended) is kept, as is a `provenance`;
+        otherwise the git sha and command of the folder's provenance.json go in, so the file names its origin."""
         payload = {"written_unix": time.time(), **predictions}
+        payload.setdefault("provenance", provenance.folder_provenance(self.path))
         write_json(self.path / "predictions.json", payload)
         digest = hashlib.sha256((self.path / "predictions.json").read_bytes()).hexdigest()
         self.log_event(event, sha256=digest)

@@ -16,6 +16,7 @@ from typing import Callable
 from scalelab.core.config import to_dict
 from scalelab.core.hfmodel import load_causal_lm
 from scalelab.core.jsonio import read_json
+from scalelab.core.provenance import folder_provenance
 from scalelab.core.rundir import RunDir
 from scalelab.core.tracking import mirrored_metrics
 from scalelab.dpo.config import DpoConfig
@@ -280,14 +281,15 @@ def run_sweep(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_name:
     invocation into the same folder (say IPO and ORPO after the DPO betas) adds its rows beside the earlier ones."""
     from scalelab.core.jsonio import write_json
     index = Path(cfg.run.out_dir) / sweep_name / "sweep.json"
-    earlier = read_json(index) if index.is_file() else []
+    earlier = read_json(index)["runs"] if index.is_file() else []
     rows = []
     for c in sweep_configs(cfg, betas, losses, sweep_name):
         r = run_dpo(c)
         rows.append({"run": c.run.name, "loss": c.train.loss, "beta": c.train.beta,
+                     "provenance": folder_provenance(c.run_dir),
                      **{k: v for k, v in r.items() if k != "predictions"}})
         names = {row["run"] for row in rows}
-        write_json(index, [row for row in earlier if row["run"] not in names] + rows)
+        write_json(index, {"runs": [row for row in earlier if row["run"] not in names] + rows})
     from scalelab.dpo.sweep_report import write_sweep_report
     print(f"sweep report: {write_sweep_report(Path(cfg.run.out_dir) / sweep_name)}")
     return rows
