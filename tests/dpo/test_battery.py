@@ -53,7 +53,7 @@ def make_run(parent: Path, name: str, model_dir: Path, overrides: list[str], see
 
 class FakeMTBench:
     """run_mtbench stand-in: answers two one-turn conversations through the battery's GenerateFn and reports
-    6.0 for the first model it sees (the base) and 5.0 for the second (the tuned)."""
+    6.0 for the base model (its files sit in battery-base/) and 5.0 for the tuned one."""
 
     def __init__(self):
         self.calls = 0
@@ -63,7 +63,7 @@ class FakeMTBench:
         replies = generate([[{"role": "user", "content": "Say hi."}], [{"role": "user", "content": "What is 2+2?"}]])
         assert len(replies) == 2 and all(isinstance(r, str) for r in replies)
         self.calls += 1
-        mean = 6.0 if self.calls == 1 else 5.0
+        mean = 6.0 if "battery-base" in str(out_dir) else 5.0
         return MTBenchResult("measured", "", "fake-judge", 2, mean, mean, mean, {"writing": mean}, 0, {})
 
 
@@ -231,6 +231,52 @@ def test_battery_writes_parts_caches_base_and_resumes(tiny_model_dir, tmp_path, 
     assert b3["comparisons"]["target"] == b["comparisons"]["target"]
 
 
+def test_sides_measured_apart_then_assembled(tiny_model_dir, tmp_path, counted):
+    """side=base needs no adapter (it can run while the run trains); side=tuned skips the base; side=both then
+    measures nothing and writes battery.json from the saved records."""
+    cfg, run = make_run(tmp_path, "r", tiny_model_dir, GEN_ONLY)
+    adapter = run / "adapter"
+    hidden = adapter.rename(tmp_path / "adapter-later")
+    assert bat.run_battery(cfg, run, side="base") is None
+    parts = ["target", "own", "mtbench"]
+    assert counted == Counter({("base", p): 1 for p in parts})
+    assert not (run / "battery" / "battery.json").exists()
+    hidden.rename(adapter)
+    counted.clear()
+    assert bat.run_battery(cfg, run, side="tuned") is None
+    assert counted == Counter({("tuned", p): 1 for p in parts})
+    counted.clear()
+    b = bat.run_battery(cfg, run)
+    assert counted == Counter() and (run / "battery" / "battery.json").is_file()
+    assert (b["mtbench"]["base_mean"], b["mtbench"]["tuned_mean"]) == (6.0, 5.0)
+    with pytest.raises(ValueError, match="battery side 'neither'; allowed: base, tuned, both"):
+        bat.run_battery(cfg, run, side="neither")
+
+
+def test_concurrent_processes_measure_a_shared_part_once(tiny_model_dir, tmp_path, counted):
+    """Two battery processes on one sweep's base side at once (threads here; flock works per open file): the
+    second waits on the part's lock and reuses the first's record."""
+    import threading
+    cfg, run = make_run(tmp_path, "r", tiny_model_dir, ["battery.parts=['target']", *GEN_ONLY[3:]])
+    errors: list[BaseException] = []
+
+    def side_base():
+        try:
+            bat.run_battery(cfg, run, side="base")
+        except BaseException as e:  # surfaced in the main thread below
+            errors.append(e)
+    threads = [threading.Thread(target=side_base) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert counted == Counter({("base", "target"): 1})
+    parts = [e for e in RunDir(run).events() if e["event"] == "battery_part"]
+    assert sorted(e["reused"] for e in parts) == [False, True]
+    assert (bat.base_cache_dir(cfg, run) / ".locks").is_dir()
+
+
 def test_a_changed_setting_measures_again(tiny_model_dir, tmp_path, counted):
     cfg, run = make_run(tmp_path, "r", tiny_model_dir, ["battery.parts=['target']", *GEN_ONLY[3:]])
     bat.run_battery(cfg, run)
@@ -325,3 +371,14 @@ def test_cli_battery_on_a_sweep_evaluates_the_base_once(tiny_model_dir, tmp_path
         assert line.group(2) == b["evidence"]["verdict"]
     assert (sweep / "REPORT.md").is_file() and (sweep / "dpo-beta0.3" / "REPORT.md").is_file()
     assert "| dpo-beta0.3 | dpo | 0.3 |" in (sweep / "REPORT.md").read_text()
+
+
+def test_cli_battery_one_side_writes_no_reports(tiny_model_dir, tmp_path, counted, capsys):
+    from scalelab.cli import main
+    sweep = tmp_path / "sweep"
+    make_run(sweep, "dpo-beta0.1", tiny_model_dir, [])
+    sets = [a for s in ["battery.parts=['target']", *GEN_ONLY[3:]] for a in ("--set", s)]
+    assert main(["dpo", "battery", str(sweep), "--side", "base", *sets]) == 0
+    assert counted == Counter({("base", "target"): 1})
+    assert "dpo-beta0.1: base side measured" in capsys.readouterr().out
+    assert not (sweep / "REPORT.md").exists() and not (sweep / "dpo-beta0.1" / "battery" / "battery.json").exists()

@@ -102,6 +102,17 @@ def test_seed_aggregate_by_hand():
     # mean 8, sd 2, t(0.975, 2) * 2 / sqrt(3) = 4.968
     assert a["mean"] == pytest.approx(8.0) and a["ci_low"] == pytest.approx(8 - 4.968275, abs=1e-4)
     assert m["meets_goal"] and "sampled_pass1" not in agg["metrics"]
+    assert m["verdict"] == "met: mean >= +5 and the interval above 0"
+
+
+@pytest.mark.parametrize("gains,verdict", [
+    ([6.0, 8.0], "not met: 2 seed(s), the goal needs >= 3"),
+    ([0.0, 8.0, 16.0], "not met: the mean reaches it but the interval includes 0"),  # t interval -11.9 to +27.9
+    ([4.0, 4.0, 4.5], "not met: mean +4.2 < +5")])
+def test_seed_goal_needs_three_seeds_and_an_interval_above_zero(gains, verdict):
+    agg = aggregate({i: _summary(0.1, 0.1 + g / 100, 0.0, 0.2) for i, g in enumerate(gains)}, goal_points=5.0)
+    m = agg["metrics"]["greedy_pass1"]
+    assert (m["meets_goal"], m["verdict"]) == (False, verdict)
 
 
 def test_seeds_study_end_to_end(tmp_path):

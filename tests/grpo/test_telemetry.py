@@ -112,3 +112,13 @@ def test_decode_prior_hand_value():
     assert decode_tokens_per_s(10**9, 2, 64, hw, 0.5, 1.0) == pytest.approx(12_800)
     # 8192 sequences: compute-bound, 2e9 x 8192 / 1e15 = 16.4 ms > 2 ms
     assert decode_tokens_per_s(10**9, 2, 8192, hw, 1.0, 0.0) == pytest.approx(8192 / 0.016384)
+
+
+@pytest.mark.parametrize("env,expected", [(None, [0, 1, 2]), ("", [0, 1, 2]), ("1", [1]), ("2,0", [2, 0]),
+                                          ("0,7", [0]), ("GPU-1a2b", [0, 1, 2])])
+def test_nvml_samples_only_the_visible_gpus(env, expected, monkeypatch):
+    from scalelab.grpo.telemetry import visible_nvml_indices
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    if env is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
+    assert visible_nvml_indices(3) == expected

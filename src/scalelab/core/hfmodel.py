@@ -12,6 +12,7 @@ so the ~15-80 s dequantization happens once per machine and later loads take abo
 from __future__ import annotations
 
 import copy
+import fcntl
 import hashlib
 import json
 import os
@@ -140,10 +141,16 @@ def cached_gguf_folder(gguf: str | Path, cache_dir: str | Path | None = None) ->
     out = Path(cache_dir or default_cache_dir()) / "models" / digest[:16]
     if (out / SOURCE_FILE).is_file():
         return out
-    t0 = time.perf_counter()
-    model, tokenizer = load_gguf(gguf)
-    source = {"gguf_file": gguf.name, "gguf_sha256": digest, "dequantize_s": round(time.perf_counter() - t0, 1)}
-    return write_plain_folder(model, tokenizer, out, source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # jobs started side by side (a DPO sweep beside GRPO runs) convert once: the others wait, then reuse it
+    with open(out.parent / f"{digest[:16]}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / SOURCE_FILE).is_file():
+            return out
+        t0 = time.perf_counter()
+        model, tokenizer = load_gguf(gguf)
+        source = {"gguf_file": gguf.name, "gguf_sha256": digest, "dequantize_s": round(time.perf_counter() - t0, 1)}
+        return write_plain_folder(model, tokenizer, out, source)
 
 
 def materialize(name_or_path: str, cache_dir: str | Path | None = None) -> str:

@@ -13,16 +13,21 @@ Files (each part's record is written when the part finishes, so a rerun resumes 
                                                                     that decides the measurement)
     <run>/battery/tuned/<part>-<spec hash>.json                     the tuned side (spec + adapter sha256)
     <run>/battery/battery.json                                      comparisons, lengths, evidence bar
+    <folder>/.locks/<part>-<hash>.lock                              held while that record is measured, so
+                                                                    processes over one sweep never measure a
+                                                                    shared base part twice
 Events "battery_part" and "battery_end" go to the run's metrics.jsonl.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from scalelab.core.config import to_dict
 from scalelab.core.jsonio import read_json, write_json
@@ -247,20 +252,38 @@ MEASURE: dict[str, Callable[[Part, Side], dict]] = {
     "lm_eval": measure_lm_eval, "generation": measure_generation, "mtbench": measure_mtbench}
 
 
+@contextlib.contextmanager
+def part_lock(path: Path) -> Iterator[float]:
+    """Exclusive lock on one part record, held while it is measured, so battery processes running at once over
+    one sweep (e.g. one per GPU) measure a shared base part once: the others wait, then reuse the record.
+    Yields the seconds spent waiting. The lock files live in <folder>/.locks/."""
+    lock = path.parent / ".locks" / f"{path.stem}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as fh:
+        t0 = time.perf_counter()
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield time.perf_counter() - t0
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def run_part(part: Part, side: Side, rd: RunDir) -> dict:
     """The part's record: reused when its file exists (same spec, model and adapter), else measured and saved."""
     path = side.part_path(part)
-    if path.is_file():
-        record = read_json(path)
-        rd.log_event("battery_part", side=side.name, part=part.name, reused=True, path=str(path))
-        return record
-    if part.kind == "lm_eval":
-        side.release()  # lm-eval loads its own copy of the model
-    t0 = time.perf_counter()
-    record = {"part": part.name, "kind": part.kind, "side": side.name, "spec": part.spec,
-              "model": model_key(side.cfg), "adapter_sha256": side.adapter_sha256,
-              **MEASURE[part.kind](part, side), "wall_s": time.perf_counter() - t0}
-    write_json(path, record)
+    with part_lock(path) as waited_s:
+        if path.is_file():
+            record = read_json(path)
+            rd.log_event("battery_part", side=side.name, part=part.name, reused=True, path=str(path),
+                         waited_s=round(waited_s, 3))
+            return record
+        if part.kind == "lm_eval":
+            side.release()  # lm-eval loads its own copy of the model
+        t0 = time.perf_counter()
+        record = {"part": part.name, "kind": part.kind, "side": side.name, "spec": part.spec,
+                  "model": model_key(side.cfg), "adapter_sha256": side.adapter_sha256,
+                  **MEASURE[part.kind](part, side), "wall_s": time.perf_counter() - t0}
+        write_json(path, record)
     rd.log_event("battery_part", side=side.name, part=part.name, reused=False, path=str(path),
                  wall_s=record["wall_s"])
     print(f"battery: {side.name:5s} {part.name:22s} {record['wall_s']:7.1f} s", flush=True)
@@ -270,24 +293,41 @@ def run_part(part: Part, side: Side, rd: RunDir) -> dict:
 # the whole battery
 
 
-def run_battery(cfg: DpoConfig, run_dir: str | Path) -> dict:
-    """Evaluate base and base + <run>/adapter on every planned part; write and return battery.json."""
+SIDES = ("base", "tuned", "both")
+
+
+def run_battery(cfg: DpoConfig, run_dir: str | Path, side: str = "both") -> dict | None:
+    """Evaluate base and base + <run>/adapter on every planned part; write and return battery.json.
+
+    side="base" measures only the base side (no adapter needed, so it can start while the runs still train);
+    side="tuned" only base + adapter. Either returns None: battery.json needs both sides, which a later
+    side="both" call assembles from the saved records (reusing them)."""
+    if side not in SIDES:
+        raise ValueError(f"battery side {side!r}; allowed: {', '.join(SIDES)}")
     run_dir = Path(run_dir)
-    adapter = run_dir / "adapter"
-    sha = adapter_sha256(adapter)
     parts, rd = plan(cfg), RunDir(run_dir)
-    base = Side("base", base_cache_dir(cfg, run_dir), cfg)
-    tuned = Side("tuned", run_dir / "battery" / "tuned", cfg, adapter, sha)
+    sides = {"base": Side("base", base_cache_dir(cfg, run_dir), cfg)}
+    if side != "base":
+        adapter = run_dir / "adapter"
+        sides["tuned"] = Side("tuned", run_dir / "battery" / "tuned", cfg, adapter, adapter_sha256(adapter))
+    if side == "tuned":
+        del sides["base"]
     t0 = time.perf_counter()
-    rd.log_event("battery_start", parts=[p.name for p in parts], base_cache=str(base.folder))
+    rd.log_event("battery_start", parts=[p.name for p in parts], base_cache=str(base_cache_dir(cfg, run_dir)),
+                 side=side)
     records = {}
-    for side in (base, tuned):
-        side.folder.mkdir(parents=True, exist_ok=True)
+    # tuned first: when a base-only process runs beside this one, its records are likely ready by the time
+    # this side is done (each part waits on the other's lock rather than measuring twice)
+    for s in sorted(sides.values(), key=lambda s: s.name != "tuned"):
+        s.folder.mkdir(parents=True, exist_ok=True)
         # lm-eval parts first: our generation model is loaded only after them, never beside lm-eval's copy
         for part in sorted(parts, key=lambda p: p.kind != "lm_eval"):
-            records[(side.name, part.name)] = run_part(part, side, rd)
-        side.release()
-    battery = summarize(cfg, run_dir, parts, records, {"base": base, "tuned": tuned})
+            records[(s.name, part.name)] = run_part(part, s, rd)
+        s.release()
+    if side != "both":
+        rd.log_event("battery_side_end", side=side, wall_s=time.perf_counter() - t0)
+        return None
+    battery = summarize(cfg, run_dir, parts, records, sides)
     write_json(run_dir / "battery" / "battery.json", battery)
     rd.log_event("battery_end", verdict=battery["evidence"]["verdict"], wall_s=time.perf_counter() - t0)
     return battery

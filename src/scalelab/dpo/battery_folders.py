@@ -36,17 +36,19 @@ def run_config(run_dir: str | Path, config_file: str | Path | None = None, overr
     return config_from_dict(DpoConfig, data, origin + (" + --set" if overrides else ""))
 
 
-def battery_folder(path: Path, config_file: str | Path | None = None,
-                   overrides: Sequence[str] = ()) -> Iterator[tuple[Path, dict]]:
+def battery_folder(path: Path, config_file: str | Path | None = None, overrides: Sequence[str] = (),
+                   side: str = "both") -> Iterator[tuple[Path, dict | None]]:
     """(run folder, battery.json) for the run at `path` or every run of the sweep at `path`; REPORT.md after each
-    run, and the sweep's REPORT.md at the end."""
+    run, and the sweep's REPORT.md at the end. With side "base" or "tuned" only that side's records are
+    measured (battery.json None, no reports): several such processes can share a sweep, one per GPU."""
     from scalelab.dpo.battery import run_battery
     from scalelab.dpo.report import is_run_dir, write_run_report
     from scalelab.dpo.sweep_report import find_runs, write_sweep_report
     single = is_run_dir(path)
     for run in [path] if single else find_runs(path):
-        battery = run_battery(run_config(run, config_file, overrides), run)
-        write_run_report(run)
+        battery = run_battery(run_config(run, config_file, overrides), run, side)
+        if battery is not None:
+            write_run_report(run)
         yield run, battery
-    if not single:
+    if not single and side == "both":
         write_sweep_report(path)

@@ -48,6 +48,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                                     "(e.g. configs/dpo/tiny-cpu.toml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the run's config, e.g. --set battery.mmlu_limit=2 (repeatable)")
+    p.add_argument("--side", choices=["both", "base", "tuned"], default="both",
+                   help="base: only the base model's records (no adapter needed; can run while the runs train); "
+                        "tuned: only base + adapter; both (default): both, then battery.json and REPORT.md. "
+                        "Processes over one sweep may run at once (one per GPU): a shared record is measured once")
     p.set_defaults(func=_battery)
 
     p = verbs.add_parser("report", help="REPORT.md (+ figures) of a run or sweep folder, from its files alone")
@@ -96,8 +100,8 @@ def _sweep(args: argparse.Namespace) -> int:
 def _battery(args: argparse.Namespace) -> int:
     from scalelab.dpo.battery import summary_line
     from scalelab.dpo.battery_folders import battery_folder
-    for run, battery in battery_folder(Path(args.path), args.config, args.set):
-        print(f"{run.name}: {summary_line(battery)}")
+    for run, battery in battery_folder(Path(args.path), args.config, args.set, args.side):
+        print(f"{run.name}: {summary_line(battery) if battery else args.side + ' side measured'}")
     return 0
 
 

@@ -258,7 +258,8 @@ def _seeds_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
         per = ", ".join(f"seed {r['seed']}: {r['base']:.1f} -> {r['trained']:.1f} ({r['delta']:+.1f})"
                         for r in m["per_seed"])
         lines.append(f"- {key.replace('_', ' ')}: mean gain **{a['mean']:+.1f} points** over {a['n_seeds']} "
-                     f"seeds{ci}; {per}. Goal +{s['goal_points']:g}: {'met' if m['meets_goal'] else 'not met'}.")
+                     f"seeds{ci}; {per}. Goal +{s['goal_points']:g}: "
+                     f"{m.get('verdict', 'met' if m['meets_goal'] else 'not met')}.")
     return head + [f"Split `{s['split']}` of `{s['task']}` {s['task_options']}, {s['n_examples']} examples, after "
                    f"{s['trained_steps']} steps.", "", *lines, ""]
 

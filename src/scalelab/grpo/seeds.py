@@ -22,6 +22,21 @@ def seed_variants(seeds: Sequence[int]) -> list[Variant]:
     return [Variant(f"seed{s}", (f"train.seed={s}", "eval.at_end=true")) for s in seeds]
 
 
+MIN_SEEDS = 3
+
+
+def goal_verdict(mean: float, ci_low: float | None, n_seeds: int, goal_points: float) -> tuple[bool, str]:
+    """The goal holds when the mean gain reaches it over >= 3 seeds and the t interval lies above 0: a mean
+    alone over 3 noisy runs is not evidence (with 2 degrees of freedom t(0.975) = 4.30)."""
+    if mean < goal_points:
+        return False, f"not met: mean {mean:+.1f} < +{goal_points:g}"
+    if n_seeds < MIN_SEEDS:
+        return False, f"not met: {n_seeds} seed(s), the goal needs >= {MIN_SEEDS}"
+    if ci_low is None or ci_low <= 0:
+        return False, "not met: the mean reaches it but the interval includes 0"
+    return True, f"met: mean >= +{goal_points:g} and the interval above 0"
+
+
 def aggregate(per_seed: dict[int, dict], confidence: float = 0.95, goal_points: float = 5.0) -> dict:
     """`per_seed`: seed -> its eval/summary.json. Per metric: each seed's gain and interval, and the mean gain
     over seeds with its t interval; all in percentage points."""
@@ -36,7 +51,8 @@ def aggregate(per_seed: dict[int, dict], confidence: float = 0.95, goal_points: 
             "per_seed": [{"seed": s, "base": pts(r["base"]), "trained": pts(r["trained"]), "delta": pts(r["delta"]),
                           "ci_low": pts(r["ci_low"]), "ci_high": pts(r["ci_high"])} for s, r in rows.items()],
             "across_seeds": asdict(across),
-            "meets_goal": across.mean >= goal_points}
+            **dict(zip(("meets_goal", "verdict"),
+                       goal_verdict(across.mean, across.ci_low, across.n_seeds, goal_points)))}
     first = next(iter(per_seed.values()))
     out.update(split=first["split"], task=first["task"], task_options=first["task_options"],
                n_examples=first["n_examples"], trained_steps=first["trained_steps"])
@@ -63,7 +79,7 @@ def render_markdown(agg: dict, name: str) -> str:
                     f"{r['ci_low']:+.1f} to {r['ci_high']:+.1f} |" for r in m["per_seed"]), "",
                   f"Across {a['n_seeds']} seeds: mean gain **{a['mean']:+.1f} points** (sd {a['std']:.1f}; "
                   f"{100 * a['confidence']:.0f}% t interval {_interval(a['ci_low'], a['ci_high'])}). Goal "
-                  f"+{agg['goal_points']:g} points: {'met' if m['meets_goal'] else 'not met'} by the mean.", ""]
+                  f"+{agg['goal_points']:g} points: {m['verdict']}.", ""]
     return "\n".join(lines)
 
 

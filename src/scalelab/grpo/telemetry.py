@@ -10,6 +10,7 @@ nothing and says why; its thread and marker logic are tested with a fake sampler
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -90,6 +91,20 @@ class Sampler(Protocol):
     def close(self) -> None: ...
 
 
+def visible_nvml_indices(count: int, env: str | None = None) -> list[int]:
+    """The NVML indices of this process's GPUs: NVML sees every GPU of the host, so two runs side by side (one per
+    GPU via CUDA_VISIBLE_DEVICES) would each record the other's utilization. Integer lists are honoured; UUIDs
+    or an unset variable mean every GPU."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES") if env is None else env
+    if env is None or not env.strip():
+        return list(range(count))
+    try:
+        picked = [int(x) for x in env.split(",") if x.strip()]
+    except ValueError:  # GPU-<uuid> / MIG names: not mapped here
+        return list(range(count))
+    return [i for i in picked if 0 <= i < count]
+
+
 class NvmlSampler:
     """nvidia-ml-py: utilization over the driver's last sample period, and memory used, per visible GPU."""
 
@@ -97,7 +112,8 @@ class NvmlSampler:
         import pynvml
         self.nvml = pynvml
         pynvml.nvmlInit()
-        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        count = pynvml.nvmlDeviceGetCount()
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in visible_nvml_indices(count)]
 
     def read(self) -> list[GpuReading]:
         out = []
