@@ -8,9 +8,16 @@
     for a LoRA policy (the sync merges W + (alpha/r) B A per layer on the fly), median of --repeats;
 (c) one full-weight AdamW optimizer step on the same batch (update ms), so each sync's share of the stated step
     rollout (fastest engine) + update + sync can be given.
+HF always runs first in the same process on the same batch: ratio_vllm_over_hf is only ever against that baseline.
+vLLM's tuning options (--max-num-seqs, --cudagraph-max, --no-flat-logprobs) are written to "vllm_options", as
+asked and as the engine ran them, so variants (one process each: vLLM does not hand GPU memory back in-process)
+can be compared; bench/gpu_grpo.sh PART variants runs a set.
 
     # GPU (H200): a random-weight Qwen2.5-1.5B-shaped model with the tokenizer found in --tokenizer
     python bench/grpo_rollout_bench.py --model random:qwen2.5-1.5b --tokenizer .grpo-gpu/smol --out rollout_bench.json
+    # a variant: 1,024 sequences with CUDA graphs up to 1,024 (vLLM's default stops at 512), no sync/update timing
+    python bench/grpo_rollout_bench.py --model random:qwen2.5-1.5b --tokenizer .grpo-gpu/smol --prompts 64 \
+        --group 16 --cudagraph-max 1024 --repeats 2 --no-update --no-sync --out flat-graphs-1024.json
     # CPU plumbing: a tiny random Llama, HF engine only, sync into an own HF copy
     python bench/grpo_rollout_bench.py --tiny --out /tmp/rollout_bench.json
 """
@@ -28,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from scalelab.core.config import ConfigError
 from scalelab.core.jsonio import write_json
 from scalelab.grpo.advantages import group_advantages
 from scalelab.grpo.batch import collate
@@ -40,7 +48,8 @@ from scalelab.grpo.weightsync import sync_weights
 @dataclass(frozen=True)
 class EngineResult:
     tokens_per_s: float  # median run's completion tokens / its wall-clock
-    median_ms: float
+    median_ms: float  # the engine's own timing: the generate call of vLLM / HF
+    median_call_ms: float  # that run's whole engine.generate (adds the cut at stop tokens, logprob parsing, decode)
     completion_tokens: int  # of the median run
     runs_ms: tuple[float, ...]
     finished_frac: float  # sequences that ended on a stop token (the rest ran to max_new_tokens)
@@ -96,7 +105,9 @@ def grpo_config(args: argparse.Namespace, engine: str):
         f"rollout.max_new_tokens={args.max_new_tokens}", f"optim.micro_batch_size={args.micro_batch}",
         f"rollout.server.gpu_memory_utilization={args.gpu_memory_utilization}",
         f"rollout.server.max_model_len={args.max_model_len}", f"rollout.server.enforce_eager={str(args.eager).lower()}",
-        "optim.lr=1e-6"])
+        f"rollout.server.max_num_seqs={args.max_num_seqs}",
+        f"rollout.server.max_cudagraph_capture_size={args.cudagraph_max}",
+        f"rollout.server.flat_logprobs={str(not args.no_flat_logprobs).lower()}", "optim.lr=1e-6"])
 
 
 def build(name: str, model: torch.nn.Module, tokenizer: object, args: argparse.Namespace, method: str,
@@ -109,17 +120,24 @@ def build(name: str, model: torch.nn.Module, tokenizer: object, args: argparse.N
 # measure
 
 
+def timed_generate(engine: object, prompts: list[list[int]], params: SamplingParams) -> tuple:
+    """(batch, ms of the whole engine.generate call)."""
+    t0 = time.perf_counter()
+    batch = engine.generate(prompts, params)
+    return batch, (time.perf_counter() - t0) * 1e3
+
+
 def time_engine(engine: object, prompts: list[list[int]], params: SamplingParams, repeats: int) -> tuple:
     """(EngineResult, the last batch): one untimed call on the whole batch, then `repeats` timed calls.
     The warm-up has the timed calls' shapes: a first large batch pays allocator growth and kernel selection
     (measured on an H200: HF generate's first 1,024-sequence batch took 21.9 s, the next 7.4 s)."""
     engine.generate(prompts, params)
-    runs = [engine.generate(prompts, params) for _ in range(repeats)]
+    runs, call_ms = zip(*[timed_generate(engine, prompts, params) for _ in range(repeats)])
     ms = [b.generation_ms for b in runs]
     mid = sorted(range(len(runs)), key=lambda i: ms[i])[len(runs) // 2]
     b = runs[mid]
-    return EngineResult(b.num_tokens / (b.generation_ms / 1e3), b.generation_ms, b.num_tokens, tuple(ms),
-                        sum(b.finished) / len(b.finished)), runs[-1]
+    return EngineResult(b.num_tokens / (b.generation_ms / 1e3), b.generation_ms, call_ms[mid],
+                        b.num_tokens, tuple(ms), sum(b.finished) / len(b.finished)), runs[-1]
 
 
 def time_update(model: torch.nn.Module, tokenizer: object, batch: object, args: argparse.Namespace) -> float:
@@ -152,34 +170,67 @@ def time_sync(label: str, method: str, policy: object, engine: object, repeats: 
 # the run
 
 
-def measure(args: argparse.Namespace, workdir: Path) -> dict:
-    model, tokenizer, desc = load_model(args)
-    prompts = make_prompts(tokenizer, args.prompts, args.seed)
-    params = SamplingParams(args.group, args.temperature, args.top_p, args.max_new_tokens, args.seed)
-    engines, batch = {}, None
+def check_context(prompts: list[list[int]], args: argparse.Namespace) -> None:
+    """vLLM refuses a request whose prompt + max_tokens exceeds max_model_len: say so before HF and vLLM run."""
+    longest = max(map(len, prompts))
+    need = longest + args.max_new_tokens
+    if "vllm_colocated" in args.engines and need > args.max_model_len:
+        raise SystemExit(f"--max-model-len {args.max_model_len} is below the longest prompt ({longest} tokens) + "
+                         f"--max-new-tokens ({args.max_new_tokens}) = {need}; raise --max-model-len")
+
+
+def measure_engines(model: torch.nn.Module, tokenizer: object, prompts: list[list[int]], params: SamplingParams,
+                    args: argparse.Namespace, workdir: Path) -> tuple[dict, object, object]:
+    """({engine: EngineResult}, the vLLM engine or None, the last batch). HF first: the same-run baseline."""
+    engines = {}
     hf = build("hf", model, tokenizer, args, "shared", workdir / "hf")
     engines["hf"], batch = time_engine(hf, prompts, params, args.repeats)
-    target = None  # the engine the syncs go into
+    vllm = None
     if "vllm_colocated" in args.engines:
-        target = build("vllm_colocated", model, tokenizer, args, "inplace", workdir / "vllm")
-        engines["vllm_colocated"], batch = time_engine(target, prompts, params, args.repeats)
-    update_ms = None if args.no_update else time_update(model, tokenizer, batch, args)
-    if target is None:  # CPU: sync into the HF engine's own copy, the same in-place path
-        target = build("hf", model, tokenizer, args, "inplace", workdir / "hf-copy")
+        vllm = build("vllm_colocated", model, tokenizer, args, "inplace", workdir / "vllm")
+        engines["vllm_colocated"], batch = time_engine(vllm, prompts, params, args.repeats)
+    return engines, vllm, batch
+
+
+def measure_syncs(model: torch.nn.Module, tokenizer: object, target: object, args: argparse.Namespace,
+                  workdir: Path) -> list[SyncResult]:
+    """Full-weight then LoRA in-place syncs into `target` (the vLLM engine, or on CPU an own HF copy)."""
+    target = target or build("hf", model, tokenizer, args, "inplace", workdir / "hf-copy")
     syncs = [time_sync("in-place, full weights", "inplace", model, target, args.repeats, workdir / "sync")]
     lora = apply_lora(model, LoraConfig(r=args.lora_rank, alpha=2.0 * args.lora_rank))
     syncs.append(time_sync(f"in-place, LoRA r={args.lora_rank} merged on the fly", "inplace", lora, target,
                            args.repeats, workdir / "sync"))
-    target.close()
+    return syncs
+
+
+def vllm_options(args: argparse.Namespace, vllm: object) -> dict:
+    """The options asked for (0 = vLLM's default) and, when vLLM ran, the values it resolved them to."""
+    asked = {"max_num_seqs": args.max_num_seqs, "max_cudagraph_capture_size": args.cudagraph_max,
+             "flat_logprobs": not args.no_flat_logprobs, "enforce_eager": args.eager,
+             "gpu_memory_utilization": args.gpu_memory_utilization, "max_model_len": args.max_model_len}
+    return {"requested": asked, "effective": vllm.describe() if vllm is not None else None}
+
+
+def measure(args: argparse.Namespace, workdir: Path) -> dict:
+    model, tokenizer, desc = load_model(args)
+    prompts = make_prompts(tokenizer, args.prompts, args.seed)
+    check_context(prompts, args)
+    params = SamplingParams(args.group, args.temperature, args.top_p, args.max_new_tokens, args.seed)
+    engines, vllm, batch = measure_engines(model, tokenizer, prompts, params, args, workdir)
+    update_ms = None if args.no_update else time_update(model, tokenizer, batch, args)
+    options = vllm_options(args, vllm)
+    syncs = [] if args.no_sync else measure_syncs(model, tokenizer, vllm, args, workdir)
+    if vllm is not None:
+        vllm.close()
     hf_tps, v = engines["hf"].tokens_per_s, engines.get("vllm_colocated")
-    return {"model": desc, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else
+    return {"model": desc, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else
             platform.processor() or "cpu",
             "batch": {"prompts": args.prompts, "group_size": args.group, "sequences": args.prompts * args.group,
                       "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
                       "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p},
-            "engines": {k: asdict(e) for k, e in engines.items()},
+            "engines": {k: asdict(e) for k, e in engines.items()}, "baseline": "hf",
             "ratio_vllm_over_hf": None if v is None else v.tokens_per_s / hf_tps, "update_ms": update_ms,
-            "weight_sync": [asdict(s) for s in syncs]}
+            "vllm_options": options, "weight_sync": [asdict(s) for s in syncs]}
 
 
 def provenance() -> dict:
@@ -214,7 +265,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs / torch.compile")
+    p.add_argument("--max-num-seqs", type=int, default=0,
+                   help="vLLM max_num_seqs (0 = its default: 1024 for the LLM class on a >= 70 GB GPU)")
+    p.add_argument("--cudagraph-max", type=int, default=0,
+                   help="vLLM max_cudagraph_capture_size (0 = its default min(2 * max_num_seqs, 512): batches "
+                        "above 512 sequences then decode without CUDA graphs)")
+    p.add_argument("--no-flat-logprobs", action="store_true",
+                   help="vLLM's dict + Logprob object per token instead of FlatLogprobs (the old path)")
     p.add_argument("--no-update", action="store_true", help="skip the update timing")
+    p.add_argument("--no-sync", action="store_true", help="skip the weight-sync timings")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="rollout_bench.json to write")
     args = p.parse_args(argv)
@@ -222,6 +281,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.tiny:
         args.model, args.engines = "random:tiny", ["hf"]
         args.prompts, args.group, args.max_new_tokens, args.repeats = 2, 4, 16, 2
+    try:  # the config's own checks (e.g. a CUDA-graph size vLLM does not capture) before any model loads
+        grpo_config(args, "hf")
+    except ConfigError as e:
+        p.error(str(e))
     return args
 
 
@@ -233,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.out, result)
     e = result["engines"]
     print(json.dumps({k: round(v["tokens_per_s"], 1) for k, v in e.items()}), "ratio",
-          result["ratio_vllm_over_hf"], "update_ms", result["update_ms"],
+          result["ratio_vllm_over_hf"], "update_ms", result["update_ms"], "vllm", result["vllm_options"]["effective"],
           [(s["label"], round(s["median_ms"], 1)) for s in result["weight_sync"]])
     return 0
 

