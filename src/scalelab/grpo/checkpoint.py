@@ -1,5 +1,9 @@
 """The run's checkpoint: trainable weights, optimizer, the staleness queue and the loop's own state, written
-atomically (a crash mid-write keeps the previous one)."""
+atomically (a crash mid-write keeps the previous one).
+
+Under torchrun rank 0 writes it and every rank reads it. Nothing in it depends on the number of processes: the
+weights and optimizer state are the same on every rank (the same update everywhere), and the queue holds whole
+batches (every rank's shard, gathered), so a run resumes under any world size (distributed.py)."""
 from __future__ import annotations
 
 import os

@@ -31,7 +31,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
 
     p = verbs.add_parser("train", help="predict, then run GRPO (rollout -> reward -> update -> weight sync), "
-                                       "each phase timed into metrics.jsonl; resumes from the run's checkpoint")
+                                       "each phase timed into metrics.jsonl; resumes from the run's checkpoint. "
+                                       "Data parallel on N GPUs: torchrun --nproc-per-node N -m scalelab.cli "
+                                       "grpo train --config ...")
     _config_args(p)
     p.set_defaults(func=_train)
 
@@ -84,10 +86,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from scalelab.grpo.config import load_grpo_config
+    from scalelab.grpo.distributed import env_rank
     from scalelab.grpo.report import build_report
     from scalelab.grpo.train import train
     cfg = load_grpo_config(args.config, args.set)
     results = train(cfg)
+    if env_rank() != 0:  # under torchrun rank 0 alone reports
+        return 0
     print(f"run folder: {cfg.run_dir}\nreward: first quarter {results.get('reward_first_quarter', float('nan')):.3f}"
           f" -> last quarter {results.get('reward_last_quarter', float('nan')):.3f}")
     print(f"report: {build_report(cfg.run_dir)}")

@@ -3,7 +3,7 @@ curriculum stage, the held-out examples, the reward functions, and a rollout eng
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -118,6 +118,16 @@ def sampling_for_step(cfg: GrpoConfig, step: int) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p,
                           max_new_tokens=r.max_new_tokens, seed=cfg.train.seed * 1_000_003 + step)
+
+
+def prompt_seed(seed: int, step: int, position: int) -> int:
+    """Sampling seed of the prompt at `position` of `step`'s batch: a pure function of the three, so the
+    prompt's completions do not depend on which rank (or which call) generates it."""
+    return int(np.random.SeedSequence([seed, step, position]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def sampling_for_prompt(cfg: GrpoConfig, step: int, position: int) -> SamplingParams:
+    return replace(sampling_for_step(cfg, step), seed=prompt_seed(cfg.train.seed, step, position))
 
 
 # ---------------------------------------------------------------------------------------------

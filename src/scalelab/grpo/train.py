@@ -11,12 +11,16 @@ Each step's record keeps every completion's length and every reward component's 
 report draws real length distributions. With eval.at_end the base policy is scored on the held-out split before
 step 0 and the trained one after the last step (heldout.py). With data.curriculum the prompts of a batch come
 from the curriculum's current stage (curriculum.py), chosen when the batch is generated.
+
+Under torchrun every rank runs this loop on its share of each step's prompts, and the update is the
+single-process update on the whole batch (distributed.py says how, and why an explicit all-reduce).
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -32,8 +36,10 @@ from scalelab.grpo.batch import StepTensors, collate, frame_logprobs, frozen_log
 from scalelab.grpo.checkpoint import load_checkpoint, save_checkpoint
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.curriculum import Curriculum
+from scalelab.grpo.distributed import (Dist, FollowerRunDir, check_world, engine_config, engine_dir, join_batches,
+                                       launch, max_timing, scale_prediction, shard, take_rows)
 from scalelab.grpo.parts import (Parts, RewardFn, build_parts, encode_prompt, open_engine, prompt_indices,
-                                sampling_for_step)
+                                sampling_for_prompt, sampling_for_step)
 from scalelab.grpo.rollout import RolloutBatch
 from scalelab.grpo.staleness import StalenessPipeline
 from scalelab.grpo.telemetry import (GpuMonitor, PhaseTimer, gpu_phase_summary, length_stats, open_nvml,
@@ -88,6 +94,11 @@ class UpdateStats:
                 "is_truncated_frac": self.is_truncated / tok, "behavior_mismatch_k3": self.mismatch_k3_sum / tok,
                 "behavior_logp_abs_diff": self.mismatch_abs_sum / tok}
 
+    def summed(self, dist: Dist) -> "UpdateStats":
+        """Every sum over all ranks (grad_norm is already the global one)."""
+        names = [f.name for f in fields(self) if f.name != "grad_norm"]
+        return replace(self, **dict(zip(names, dist.sum([getattr(self, n) for n in names]))))
+
 
 def loss_settings(cfg: GrpoConfig) -> LossSettings:
     lc = cfg.loss
@@ -96,9 +107,13 @@ def loss_settings(cfg: GrpoConfig) -> LossSettings:
 
 
 def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer, cfg: GrpoConfig,
-                   old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None, first: bool) -> UpdateStats:
-    """One optimizer step over the whole batch, accumulated over micro-batches (the normalizer is the step's)."""
-    norm = Normalizer(t.n, int(t.mask.sum()), cfg.rollout.max_new_tokens)
+                   old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None, first: bool,
+                   norm: Normalizer | None = None, dist: Dist = Dist()) -> UpdateStats:
+    """One optimizer step over the whole batch, accumulated over micro-batches (the normalizer is the step's).
+
+    Data-parallel: `t` is this rank's shard and `norm` the counts of the whole batch, so each rank's loss is
+    its share of the whole-batch loss, and the SUM of the ranks' gradients is the whole-batch gradient."""
+    norm = norm or Normalizer(t.n, int(t.mask.sum()), cfg.rollout.max_new_tokens)
     settings, stats = loss_settings(cfg), UpdateStats()
     policy.train()
     optimizer.zero_grad(set_to_none=True)
@@ -119,6 +134,8 @@ def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer
             stats.mismatch_k3_sum += float((k3_kl(behavior, current) * m).sum())
             stats.mismatch_abs_sum += float(((behavior - current).abs() * m).sum())
     params = [p for p in policy.parameters() if p.requires_grad]
+    dist.all_reduce_grads(params)
+    stats = stats.summed(dist)
     stats.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or math.inf))
     optimizer.step()
     return stats
@@ -160,6 +177,9 @@ class Loop:
     device: torch.device
     curriculum: Curriculum | None = None
     plans: dict[int, BatchPlan] = field(default_factory=dict)  # queued batches (staleness pipeline) by step
+    dist: Dist = Dist()
+    engine_dir: Path = Path("rollout")  # this rank's engine files
+    rank_rollout: dict[int, dict] = field(default_factory=dict)  # per-rank ms and tokens of queued batches
 
     @property
     def checkpoint_path(self) -> Path:
@@ -167,7 +187,8 @@ class Loop:
 
     def state_dict(self) -> dict:
         return {"plans": {s: [p.stage, list(p.indices)] for s, p in self.plans.items()},
-                "curriculum": self.curriculum.state_dict() if self.curriculum else None}
+                "curriculum": self.curriculum.state_dict() if self.curriculum else None,
+                "world_size": self.dist.world}  # informational: the queue holds whole batches, any N resumes
 
     def load_state_dict(self, state: dict) -> None:
         self.plans = {int(s): BatchPlan(int(st), tuple(ix)) for s, (st, ix) in state.get("plans", {}).items()}
@@ -181,30 +202,59 @@ def plan_batch(loop: Loop, step: int) -> BatchPlan:
     return BatchPlan(stage, tuple(prompt_indices(n, step, loop.cfg.data.prompts_per_step, loop.cfg.train.seed)))
 
 
+def rollout(loop: Loop, prompts: list[list[int]], positions: range, step: int) -> RolloutBatch:
+    """This rank's prompts (at `positions` of `step`'s batch). With prompt seeds the HF engine gets one call
+    per prompt under the prompt's own seed, since its sampler draws a whole call from one RNG stream; vLLM
+    seeds each request's generator itself, so one call keeps each prompt's samples its own (distributed.py)."""
+    cfg, engine = loop.cfg, loop.engine
+    if not (loop.dist.prompt_seeds and engine.name == "hf"):
+        return engine.generate(prompts, sampling_for_step(cfg, step))
+    calls = [engine.generate([p], sampling_for_prompt(cfg, step, j)) for p, j in zip(prompts, positions)]
+    return join_batches(calls, sum(b.generation_ms for b in calls))
+
+
 def generate_due(loop: Loop, step: int, timer: PhaseTimer) -> int:
-    """Generate every batch the pipeline needs from the current weights (version `step`); tokens made."""
-    cfg, parts, tokens = loop.cfg, loop.parts, 0
+    """Generate every batch the pipeline needs from the current weights (version `step`); tokens made. Each
+    rank generates its shard; the queue holds the whole batch, gathered in prompt order."""
+    cfg, parts, dist, tokens = loop.cfg, loop.parts, loop.dist, 0
     with timer.phase("rollout"):
         for s in loop.pipe.due(step, cfg.train.max_steps):
             plan = loop.plans[s] = plan_batch(loop, s)
             pool = parts.pool(plan.stage)
-            prompts = [encode_prompt(parts.tokenizer, pool[i].prompt) for i in plan.indices]
-            batch = loop.engine.generate(prompts, sampling_for_step(cfg, s))
+            mine = shard(len(plan.indices), dist.rank, dist.world)
+            prompts = [encode_prompt(parts.tokenizer, pool[plan.indices[j]].prompt) for j in mine]
+            shards = dist.gather(rollout(loop, prompts, mine, s))
+            batch = join_batches(shards, max(b.generation_ms for b in shards))  # the ranks generate side by side
+            loop.rank_rollout[s] = {"rank_rollout_ms": [b.generation_ms for b in shards],
+                                    "rank_rollout_tokens": [b.num_tokens for b in shards]}
             loop.pipe.put(s, batch)
             tokens += batch.num_tokens
     return tokens
 
 
+def score_shard(loop: Loop, batch: RolloutBatch, plan: BatchPlan,
+                mine: range) -> tuple[torch.Tensor, dict[str, list[float]]]:
+    """Rewards of the whole batch, (N,) and per component: each rank scores its rows, then they are gathered."""
+    G, pool = loop.cfg.rollout.group_size, loop.parts.pool(plan.stage)
+    rows = take_rows(batch, range(mine.start * G, mine.stop * G))
+    examples = [pool[plan.indices[j]] for j in mine for _ in range(G)]
+    shards = loop.dist.gather(score(rows.texts, examples, loop.parts.rewards))
+    values = {name: [v for _, vals in shards for v in vals[name]] for name in shards[0][1]}
+    return torch.cat([r for r, _ in shards]), values
+
+
 def learn(loop: Loop, step: int, batch: RolloutBatch, plan: BatchPlan, timer: PhaseTimer) -> dict:
-    """Reward, advantages, reference/old passes and the optimizer step(s) on one batch."""
-    cfg, parts = loop.cfg, loop.parts
-    pool = parts.pool(plan.stage)
-    examples = [pool[i] for i in plan.indices for _ in range(cfg.rollout.group_size)]
+    """Reward, advantages, reference/old passes and the optimizer step(s) on one batch (this rank's shard of
+    it; the statistics are the whole batch's)."""
+    cfg, parts, G = loop.cfg, loop.parts, loop.cfg.rollout.group_size
+    mine = shard(len(plan.indices), loop.dist.rank, loop.dist.world)
     with timer.phase("reward"):
-        rewards, values = score(batch.texts, examples, parts.rewards)
-    adv = group_advantages(rewards, cfg.rollout.group_size, cfg.loss.scale_rewards)
+        rewards, values = score_shard(loop, batch, plan, mine)
+    adv = group_advantages(rewards, G, cfg.loss.scale_rewards)  # (N,) whole groups: as one process computes it
+    rows = range(mine.start * G, mine.stop * G)
     pad = parts.tokenizer.pad_token_id if parts.tokenizer.pad_token_id is not None else 0
-    t = collate(batch, adv, pad, loop.device)
+    t = collate(take_rows(batch, rows), adv[rows.start:rows.stop], pad, loop.device)
+    norm = Normalizer(len(batch.texts), batch.num_tokens, cfg.rollout.max_new_tokens)  # the whole batch's counts
     ref_logp = old_logp = None
     if cfg.loss.kl_coef > 0:
         with timer.phase("reference"):
@@ -217,8 +267,8 @@ def learn(loop: Loop, step: int, batch: RolloutBatch, plan: BatchPlan, timer: Ph
     with timer.phase("update"):
         for g in loop.optimizer.param_groups:
             g["lr"] = lr_at(step, cfg)
-        updates = [optimizer_step(parts.policy, t, loop.optimizer, cfg, old_logp, ref_logp, first=(u == 0))
-                   for u in range(cfg.loss.updates_per_batch)]
+        updates = [optimizer_step(parts.policy, t, loop.optimizer, cfg, old_logp, ref_logp, first=(u == 0),
+                                  norm=norm, dist=loop.dist) for u in range(cfg.loss.updates_per_batch)]
     stats = {**updates[0].summary(), "loss": updates[-1].loss, "grad_norm": updates[-1].grad_norm}
     return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
             "zero_signal_frac": zero_signal_fraction(rewards, cfg.rollout.group_size),
@@ -248,16 +298,17 @@ def run_step(loop: Loop, step: int) -> dict:
     sync: SyncRecord | None = None
     if step + 1 < cfg.train.max_steps:
         with timer.phase("weight_sync"):
-            sync = sync_weights(loop.sync_method, loop.parts.policy, loop.engine, step + 1,
-                                loop.run.path / "rollout" / "sync")
-    timing = timer.timing()
+            sync = sync_weights(loop.sync_method, loop.parts.policy, loop.engine, step + 1, loop.engine_dir / "sync")
+    timing = max_timing(loop.dist.gather(timer.timing()))
+    per_rank = loop.rank_rollout.pop(step, {})
+    per_rank = per_rank if loop.dist.distributed else {}  # one rank: its numbers are the step's
     rec = {"step": step, "rollout_version": batch.weights_version, "staleness": cfg.rollout.staleness,
            **asdict(timing), "overlapped_step_ms": timing.overlapped_step_ms,
            "rollout_tokens": batch.num_tokens, "rollout_tokens_per_s": batch.tokens_per_s,
            "generated_tokens_this_step": generated_tokens, "finished_frac": float(np.mean(batch.finished)),
            **length_stats(batch.lengths), "completion_lengths": list(batch.lengths), **learned, **curriculum,
            "example_ids": [str(loop.parts.pool(plan.stage)[i].id) for i in plan.indices],
-           "sync_bytes": sync.bytes if sync else 0, "sync_restarted": bool(sync and sync.restarted)}
+           "sync_bytes": sync.bytes if sync else 0, "sync_restarted": bool(sync and sync.restarted), **per_rank}
     samples = loop.monitor.drain()
     if samples:
         rec["gpu"] = gpu_phase_summary(samples)
@@ -284,22 +335,29 @@ def make_curriculum(cfg: GrpoConfig, parts: Parts) -> Curriculum | None:
     return Curriculum(len(parts.stages), c.promote_at, c.window)
 
 
-def start_loop(cfg: GrpoConfig, parts: Parts, run: RunDir) -> tuple[Loop, int]:
-    """Optimizer, queue and (on resume) the checkpoint; then the engine, synced to the current weights."""
+def start_loop(cfg: GrpoConfig, parts: Parts, run: RunDir, dist: Dist = Dist()) -> tuple[Loop, int]:
+    """Optimizer, queue and (on resume) the checkpoint; then the engine, synced to the current weights. Every
+    rank reads the checkpoint; rank 0's trainable weights are then broadcast (as DDP does at construction)."""
     pipe = StalenessPipeline(cfg.rollout.staleness)
     optimizer = make_optimizer(parts.policy, cfg)
     start, ckpt, state = 0, run.path / "checkpoint.pt", {}
     if cfg.train.resume and ckpt.is_file():
         start, saved_hash, state = load_checkpoint(ckpt, parts.policy, optimizer, pipe)
-        run.log_event("resumed", step=start, config_changed=saved_hash != config_hash(cfg))
+        run.log_event("resumed", step=start, config_changed=saved_hash != config_hash(cfg),
+                      **({"world_size": dist.world, "saved_world_size": state.get("world_size", 1)}
+                         if dist.prompt_seeds else {}))
         check_queue(pipe, start, cfg.train.max_steps)
+    dist.broadcast([p for p in parts.policy.parameters() if p.requires_grad])
     curriculum = make_curriculum(cfg, parts)
-    engine, method = open_engine(cfg, parts, run.path / "rollout", start, run.log_event)
-    sampler, reason = open_nvml()
+    workdir = engine_dir(run.path, dist)
+    engine, method = open_engine(engine_config(cfg, dist), parts, workdir, start, run.log_event)
+    # every rank sees the same GPUs (torchrun gives them one CUDA_VISIBLE_DEVICES): rank 0 samples them all
+    sampler, reason = open_nvml() if dist.is_main else (None, f"rank {dist.rank}: rank 0 samples every GPU")
     monitor = GpuMonitor(sampler, cfg.train.gpu_sample_hz, reason).start()
     run.log_event("gpu_monitor", available=monitor.available, reason=reason, hz=cfg.train.gpu_sample_hz)
     device = next(parts.policy.parameters()).device
-    loop = Loop(cfg, parts, run, engine, method, optimizer, pipe, monitor, device, curriculum)
+    loop = Loop(cfg, parts, run, engine, method, optimizer, pipe, monitor, device, curriculum, dist=dist,
+                engine_dir=workdir)
     loop.load_state_dict(state)
     for s in pipe.pending:  # a checkpoint from before plans were saved: its batches came from the one pool
         loop.plans.setdefault(s, BatchPlan(0, tuple(prompt_indices(len(parts.pool(0)), s, cfg.data.prompts_per_step,
@@ -307,16 +365,21 @@ def start_loop(cfg: GrpoConfig, parts: Parts, run: RunDir) -> tuple[Loop, int]:
     return loop, start
 
 
-def write_predictions(cfg: GrpoConfig, parts: Parts, run: RunDir) -> None:
-    """predictions.json before the engine starts and before step 0 (kept, never rewritten, on resume)."""
+def write_predictions(cfg: GrpoConfig, parts: Parts, run: RunDir, world: int = 1) -> None:
+    """predictions.json before the engine starts and before step 0 (kept, never rewritten, on resume). With
+    N ranks: the step of the rank with the most prompts, and rollout tokens/s over all ranks."""
     if (run.path / "predictions.json").is_file():
         return
     pool = parts.pool(0)
     idx = prompt_indices(len(pool), 0, cfg.data.prompts_per_step, cfg.train.seed)
     prompt_len = float(np.mean([len(encode_prompt(parts.tokenizer, pool[i].prompt)) for i in idx]))
     device = next(parts.policy.parameters()).device
-    pred = predict_step(cfg, parts.policy, prompt_len, device.type)
-    run.write_predictions(pred)
+    rank_cfg = cfg
+    if world > 1:
+        rank_cfg = copy.deepcopy(cfg)
+        rank_cfg.data.prompts_per_step = len(shard(cfg.data.prompts_per_step, 0, world))
+    pred = predict_step(rank_cfg, parts.policy, prompt_len, device.type)
+    run.write_predictions(pred if world == 1 else scale_prediction(pred, world, cfg.sequences_per_step))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +416,7 @@ def eval_trained(loop: Loop, log: Callable[[str], None]) -> None:
     trained = heldout.load_eval(run.path, "trained", heldout.base_key(cfg))
     if trained is None or trained.weights_version != final:
         if loop.engine.weights_version != final:
-            sync_weights(loop.sync_method, loop.parts.policy, loop.engine, final, run.path / "rollout" / "sync")
+            sync_weights(loop.sync_method, loop.parts.policy, loop.engine, final, loop.engine_dir / "sync")
         trained = run_eval(loop, "trained")
     base = heldout.load_eval(run.path, "base", heldout.base_key(cfg))
     if base is None:
@@ -368,36 +431,58 @@ def eval_trained(loop: Loop, log: Callable[[str], None]) -> None:
 # the run
 
 
-def train(cfg: GrpoConfig, parts: Parts | None = None, log: Callable[[str], None] = print) -> dict:
-    """Run (or resume) the GRPO run `cfg` describes; returns results.json's content."""
+def train(cfg: GrpoConfig, parts: Parts | None = None, log: Callable[[str], None] = print,
+          dist: Dist | None = None) -> dict:
+    """Run (or resume) the GRPO run `cfg` describes; returns results.json's content (rank 0; {} elsewhere).
+    `dist` None: this process's place from torchrun's environment (a plain run without it)."""
+    if dist is None:
+        with launch(cfg.train.device) as dist:
+            return train(cfg, parts, log, dist)
+    check_world(cfg, dist)
     if cfg.train.torch_threads:
         torch.set_num_threads(cfg.train.torch_threads)
     parts = parts or build_parts(cfg)
-    run = RunDir(cfg.run_dir).create(cfg)
+    run = (RunDir if dist.is_main else FollowerRunDir)(cfg.run_dir).create(cfg)
+    log = log if dist.is_main else (lambda line: None)
     if not (run.path / "provenance.json").is_file():
-        run.write_provenance({"model": cfg.model.name, "task": cfg.data.task, "engine": cfg.rollout.engine})
-    write_predictions(cfg, parts, run)
-    loop, start = start_loop(cfg, parts, run)
+        run.write_provenance({"model": cfg.model.name, "task": cfg.data.task, "engine": cfg.rollout.engine,
+                              "world_size": dist.world})
+    if dist.is_main:
+        write_predictions(cfg, parts, run, dist.world)
+    if dist.prompt_seeds:
+        run.log_event("data_parallel", world_size=dist.world, device=dist.device, prompt_seeds=dist.prompt_seeds,
+                      prompts_per_rank=[len(shard(cfg.data.prompts_per_step, r, dist.world))
+                                        for r in range(dist.world)])
+    loop, start = start_loop(cfg, parts, run, dist)
     t0 = time.perf_counter()
     try:
-        if cfg.eval.at_end and start == 0:
-            eval_base(loop)
-        for step in range(start, cfg.train.max_steps):
-            rec = run_step(loop, step)
-            run.log_event("grpo_step", **rec)
-            log(step_line(rec))
-            every = cfg.train.checkpoint_every
-            if step + 1 == cfg.train.max_steps or (every and (step + 1) % every == 0):
-                save_checkpoint(loop.checkpoint_path, parts.policy, loop.optimizer, step + 1, loop.pipe,
-                                config_hash(cfg), loop.state_dict())
-        if cfg.eval.at_end:
+        run_steps(loop, start, log)
+        if cfg.eval.at_end and dist.is_main:
             eval_trained(loop, log)
+        dist.barrier()  # the others wait for rank 0's evaluation (distributed.TIMEOUT)
     finally:
         loop.monitor.stop()
         loop.engine.close()
+    if not dist.is_main:
+        return {}
     results = summarize(run, time.perf_counter() - t0)
     run.write_results(results)
     return results
+
+
+def run_steps(loop: Loop, start: int, log: Callable[[str], None]) -> None:
+    """Steps `start`.. to the end, a checkpoint (rank 0) every train.checkpoint_every and after the last."""
+    cfg, run = loop.cfg, loop.run
+    if cfg.eval.at_end and start == 0 and loop.dist.is_main:
+        eval_base(loop)
+    for step in range(start, cfg.train.max_steps):
+        rec = run_step(loop, step)
+        run.log_event("grpo_step", **rec)
+        log(step_line(rec))
+        every = cfg.train.checkpoint_every
+        if loop.dist.is_main and (step + 1 == cfg.train.max_steps or (every and (step + 1) % every == 0)):
+            save_checkpoint(loop.checkpoint_path, loop.parts.policy, loop.optimizer, step + 1, loop.pipe,
+                            config_hash(cfg), loop.state_dict())
 
 
 def summarize(run: RunDir, wall_s: float) -> dict:
