@@ -9,6 +9,10 @@
 #                pure-Python dependencies (a pyarrow wheel there is skipped: the image has pyarrow)
 #   env: OUT (results folder, default /tmp/out), RUNS (sweep parent, default /tmp/dpo-runs), BUDGET_S (default 540),
 #        GPUS (default "0"; e.g. "0 1": the battery processes are spread over them)
+# GPU memory: lm-eval scores a batch through full-vocabulary log-softmax over every position, so one MMLU 5-shot
+# batch (contexts up to ~1,500 tokens x 49,152 SmolLM2 logits, fp32) holds ~0.3 GB per request twice over:
+# battery.lm_eval_batch_size = 64 took ~60 GB per process and three processes on one H200 ran out of memory;
+# keep it at 16-32 with three processes per GPU.
 # Schedule: the runs train one after another on the first GPU while the base model's battery runs on the last
 # one (it needs no adapter); then one `dpo battery --side tuned` process per run, round-robin over GPUS (MMLU
 # through lm-eval is bound by one CPU core per process, so runs side by side finish ~5x sooner); last, one
@@ -47,7 +51,8 @@ battery_side() {  # $1 = run folder, $2 = side, $3 = GPU, then --set overrides
   t=$(left); (( t > 20 )) || return 124
   CUDA_VISIBLE_DEVICES=$gpu timeout "$t" python3 -m scalelab.cli dpo battery "$run" --side "$side" "$@" \
     > "$LOGS/$(basename "$run")-$side.log" 2>&1
-  echo "battery $side $(basename "$run") on GPU $gpu: exit $?"
+  local rc=$?  # before any command substitution below resets $?
+  echo "battery $side $(basename "$run") on GPU $gpu: exit $rc"
 }
 
 base_battery() {  # as soon as the first run folder has its config: the base side on the last GPU

@@ -22,6 +22,7 @@
 #                    .gguf MODEL; only those are installed, and only when python cannot find them
 #                    (default .grpo-gpu/whl:.gpu-carry/whl)
 #          STEPS     override train.max_steps of the studies; KS (default 0,1,2,4,8); IS=1; JOBS (runs at once)
+#          HACK_TOKENS (default 160), TARGET_CHARS (default 2 x HACK_TOKENS): the hacking study's cap and length target
 #          VARIANTS  space-separated <P>x<G>-<kind>, kind: dict (logprobs as a dict per token, vLLM's default
 #                    CUDA graphs: the setup before), flat (FlatLogprobs), flat-graphs (flat + CUDA graphs up to
 #                    P*G sequences). UPDATE_VARIANT (default: the first of VARIANTS; 'none') also times the
@@ -185,8 +186,12 @@ run_part() {
     staleness) timeout 540 python3 -m scalelab.cli grpo staleness --config configs/grpo/smollm2-arith-h200.toml \
              $(common) --set 'run.name="smollm2-staleness"' --k "$KS" ${IS:+--is-correction} --jobs ${JOBS:-5} || rc=$?
            copy_study smollm2-staleness staleness ;;
+    # the length exploit pays min(chars / target, 2), target = 2 x max_new_tokens by default: at the config's 32
+    # tokens the base model's ~100-char rambles already saturate it (measured on an H200: no length left to gain),
+    # so the study runs with a 160-token cap: a 320-char target, pay saturating near the cap
     hacking) timeout 540 python3 -m scalelab.cli grpo hacking --config configs/grpo/smollm2-arith-h200.toml \
-             $(common) --set 'run.name="smollm2-hacking"' --jobs ${JOBS:-2} || rc=$?
+             $(common) --set 'run.name="smollm2-hacking"' ${TARGET_CHARS:+--target-chars $TARGET_CHARS} \
+             --set rollout.max_new_tokens=${HACK_TOKENS:-160} --jobs ${JOBS:-2} || rc=$?
            copy_study smollm2-hacking hacking ;;
     tests) timeout 540 python3 -m pytest -q -p no:cacheprovider tests/grpo -m "not slow" > "$OUT/pytest.log" 2>&1 || rc=$?
            tail -3 "$OUT/pytest.log" ;;

@@ -81,3 +81,19 @@ def test_absent_results_say_not_measured_yet(tmp_path):
         body = text.split(section, 1)[1].split("\n", 1)[1].split("\n## ", 1)[0]
         assert body.strip().startswith("Not measured yet"), section
     assert "**4.00x**" in text and "figures/grpo_step_time.png" not in text
+
+
+def test_other_bench_files_get_their_own_rows_and_the_goal_verdict(tmp_path):
+    """A second bench file (another batch, with the vLLM options it ran with) is tabled beside the main one; the
+    goal verdict uses the best ratio over every file: max(4.0, 1200 / 2000 = 0.6) = 4.00 < 5."""
+    import copy
+    write_json(tmp_path / "rollout_bench.json", BENCH)
+    other = copy.deepcopy(BENCH)
+    other["batch"].update(prompts=64, group_size=16, sequences=1024)
+    other["engines"]["hf"]["tokens_per_s"], other["engines"]["vllm_colocated"]["tokens_per_s"] = 2000.0, 1200.0
+    other["ratio_vllm_over_hf"] = 0.6
+    other["vllm_options"] = {"effective": {"flat_logprobs": True, "max_cudagraph_capture_size": 1024}}
+    write_json(tmp_path / "variants" / "64x16-flat-graphs.json", other)
+    text = write_docs(tmp_path, tmp_path / "docs" / "grpo.md").read_text()
+    assert "| variants/64x16-flat-graphs.json | 1,024 x 32 | 2,000 | 1,200 | 0.60 | True | 1024 |" in text
+    assert "Best vLLM / HF ratio over these files: **4.00x**; goal >= 5x: not met." in text

@@ -264,3 +264,25 @@ def test_effective_options_read_what_vllm_resolved():
         "max_num_seqs": 1024, "max_num_batched_tokens": 16384, "async_scheduling": True,
         "max_cudagraph_capture_size": 512, "cudagraph_sizes": 3 + 31 + 17, "cudagraph_mode": None,
         "model_runner_v2": None}
+
+
+def test_vllm_engine_starts_take_turns(tmp_path):
+    """engine_start_lock: two starts never overlap (threads here; flock excludes per open file)."""
+    import threading
+    import time as _time
+
+    from scalelab.grpo.rollout import engine_start_lock
+    inside, overlaps = [], []
+
+    def start():
+        with engine_start_lock(tmp_path):
+            inside.append(1)
+            overlaps.append(len(inside))
+            _time.sleep(0.05)
+            inside.pop()
+    threads = [threading.Thread(target=start) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == [1, 1, 1] and (tmp_path / "vllm-engine-start.lock").is_file()

@@ -10,7 +10,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +33,7 @@ class DocInputs:
     hacking: dict | None  # hacking.json (grpo hacking)
     run: report.ReportData | None  # the run whose step breakdown and GPU trace are shown
     sources: dict[str, str]  # input name -> path relative to results_dir
+    more_benches: list[tuple[str, dict]] = field(default_factory=list)  # other rollout-bench files: (path, data)
 
 
 def _first(root: Path, name: str) -> Path | None:
@@ -55,6 +56,21 @@ def _primary_run(root: Path) -> Path | None:
     return best
 
 
+def _other_benches(root: Path, primary: Path | None) -> list[tuple[str, dict]]:
+    """Every other JSON under root written by the rollout bench (other batch sizes, vLLM option variants)."""
+    out = []
+    for f in sorted(root.rglob("*.json")):
+        if f == primary or f.name in ("seeds.json", "staleness.json", "hacking.json"):
+            continue
+        try:
+            data = read_json(f)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and "engines" in data and "batch" in data:
+            out.append((str(f.relative_to(root)), data))
+    return out
+
+
 def find_inputs(results_dir: str | Path) -> DocInputs:
     root = Path(results_dir)
     if not root.is_dir():
@@ -66,7 +82,8 @@ def find_inputs(results_dir: str | Path) -> DocInputs:
         sources["run"] = str(run_dir.relative_to(root)) or "."
     load = lambda k: read_json(files[k]) if files[k] else None  # noqa: E731
     return DocInputs(root, load("rollout_bench"), load("seeds"), load("staleness"), load("hacking"),
-                     report.summarize(run_dir) if run_dir else None, sources)
+                     report.summarize(run_dir) if run_dir else None, sources,
+                     _other_benches(root, files["rollout_bench"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,7 +183,9 @@ def _gpu_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
     rows = [f"| {p} | {np.mean(v):.1f} | {len(v)} |" for p, v in sorted(by_phase.items())]
     return head + [f"{len(g.t_s)} samples over {span:.1f} s; {len(d.run.dead_zones)} dead zone(s) (utilization < "
                    f"{rule.util_below_pct:g}% for >= {rule.min_duration_s:g} s) totalling {dead:.1f} s "
-                   f"({dead / span:.1%} of the sampled time, summed over GPUs).", "",
+                   f"({dead / span:.1%} of the sampled time, summed over GPUs). NVML reports the whole GPU's "
+                   "utilization: where runs share a GPU (the studies run several at once), it is their sum, so "
+                   "a run's own dead zones can be filled by its neighbours.", "",
                    "| phase | mean utilization % | samples |", "|---|---:|---:|", *rows, "",
                    *_img(figs, "gpu", out_dir, "GPU utilization")]
 
@@ -190,7 +209,30 @@ def _throughput_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
                    f"prompt mean {batch['prompt_tokens_mean']:.0f} tokens, up to {batch['max_new_tokens']} new "
                    f"tokens, temperature {batch['temperature']:g}, top_p {batch['top_p']:g}.{verdict}", "",
                    "| engine | completion tokens/s | median ms per batch | completion tokens |", "|---|---:|---:|---:|",
-                   *rows, "", *_img(figs, "throughput", out_dir, "rollout throughput")]
+                   *rows, "", *_img(figs, "throughput", out_dir, "rollout throughput"), *_more_benches(d)]
+
+
+def _more_benches(d: DocInputs, goal: float = 5.0) -> list[str]:
+    """The other batches and vLLM option sets, each with its own HF baseline measured in the same process."""
+    if not d.more_benches:
+        return []
+    rows, ratios = [], [r for r in [d.bench.get("ratio_vllm_over_hf")] if r]
+    for path, b in d.more_benches:
+        hf, v = b["engines"]["hf"], b["engines"].get("vllm_colocated")
+        eff = (b.get("vllm_options") or {}).get("effective") or {}
+        ratio = b.get("ratio_vllm_over_hf")
+        ratios += [ratio] if ratio else []
+        rows.append(f"| {path} | {b['batch']['sequences']:,} x {b['batch']['max_new_tokens']} | "
+                    f"{hf['tokens_per_s']:,.0f} | {v['tokens_per_s']:,.0f} | {ratio:.2f} | "
+                    f"{eff.get('flat_logprobs', '-')} | {eff.get('max_cudagraph_capture_size', '-')} |"
+                    if v else f"| {path} | {b['batch']['sequences']:,} | {hf['tokens_per_s']:,.0f} | - | - | - | - |")
+    best = max(ratios) if ratios else None
+    verdict = ("" if best is None else f" Best vLLM / HF ratio over these files: **{best:.2f}x**; goal >= {goal:g}x: "
+               f"{'met' if best >= goal else 'not met'}.")
+    return ["Other batches and vLLM settings (each file measures HF `generate` again as its own baseline; "
+            "'-' = vLLM's default or not recorded)." + verdict, "",
+            "| file | sequences x new tokens | HF tok/s | vLLM tok/s | vLLM / HF | flat logprobs | CUDA graphs up to |",
+            "|---|---:|---:|---:|---:|---|---:|", *rows, ""]
 
 
 def _sync_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:

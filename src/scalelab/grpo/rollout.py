@@ -20,15 +20,18 @@ sampled. Sequences come back group-major: prompt i's n completions are rows i*n 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import json
 import socket
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -399,6 +402,23 @@ def vllm_effective_options(llm: Any) -> dict:
             "model_runner_v2": _read(cfg, "use_v2_model_runner")}
 
 
+@contextlib.contextmanager
+def engine_start_lock(folder: Path = Path(tempfile.gettempdir()) / "scalelab-locks") -> Iterator[None]:
+    """One vLLM engine at a time starts on this host. vLLM sizes its KV cache from the GPU memory that changed
+    while it profiled, so engines starting side by side (a study's runs sharing a GPU) count each other's
+    allocations as their own: on an H200, SmolLM2 runs started together (5, then 3 at once) at
+    gpu_memory_utilization 0.1 and then 0.2 found "No available memory for the cache blocks" (-0.34 GiB); one
+    at a time, they all started. Runs already training still allocate while a later one profiles, so several
+    runs on one GPU keep a margin in gpu_memory_utilization."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "vllm-engine-start.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 class VLLMColocatedEngine:
     """`vllm.LLM` in this process, sharing the GPU with the trainer; new weights are loaded in place through
     the model's own `load_weights` (the loader vLLM uses for checkpoints), with no file and no copy to CPU.
@@ -418,7 +438,8 @@ class VLLMColocatedEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
         from vllm import LLM
         from vllm import SamplingParams as VllmSampling
-        self.llm = LLM(model=str(model_dir), logprobs_mode="processed_logprobs", **llm_kwargs)
+        with engine_start_lock():
+            self.llm = LLM(model=str(model_dir), logprobs_mode="processed_logprobs", **llm_kwargs)
         self.decode, self.stop_ids, self.weights_dtype = decode, list(stop_ids), weights_dtype
         self.decode_batch = decode_batch or (lambda rows: [decode(r) for r in rows])
         self.weights_version = weights_version
