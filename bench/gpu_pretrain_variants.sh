@@ -3,8 +3,9 @@
 # (GPT-2 architecture, bf16 autocast, torch.compile, SDPA, fused AdamW; 524,288 tokens/step, B=64, T=1024).
 # Variants switch the SDPA kernel (train.attention) and FP8 matmuls (train.fp8). Each runs STEPS optimizer steps
 # on the carried ShareGPT shards; the summary (median step after 3 warm-up steps) goes to $OUT/pretrain_variants.json.
-#   usage: GPUS="0 1" bash bench/gpu_pretrain_variants.sh [VARIANT ...]   (default: all; spread over GPUS, one
-#   variant per GPU at a time, so every variant trains alone on its GPU)
+#   usage: GPUS="0 1" bash bench/gpu_pretrain_variants.sh [VARIANT ...]   (default: the first six; spread over GPUS,
+#   one variant per GPU at a time, so every variant trains alone on its GPU). Named only: chunks8 / cudnn-chunks8
+#   (chunked LM head + loss, train.loss_chunks) and muon / cudnn-fp8-all-muon (the Muon step's cost).
 set -uo pipefail
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; STEPS=${STEPS:-12}; DATA=${DATA:-.gpu-data/sharegpt}
@@ -15,6 +16,10 @@ declare -A VARIANTS=(
   [fp8-all]="--set train.fp8=\"all\""
   [cudnn-fp8-head]="--set train.attention=\"cudnn\" --set train.fp8=\"lm_head\""
   [cudnn-fp8-all]="--set train.attention=\"cudnn\" --set train.fp8=\"all\""
+  [chunks8]="--set train.loss_chunks=8"
+  [cudnn-chunks8]="--set train.attention=\"cudnn\" --set train.loss_chunks=8"
+  [muon]="--set train.optimizer=\"muon\""
+  [cudnn-fp8-all-muon]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.optimizer=\"muon\""
 )
 names=("$@"); [ ${#names[@]} -eq 0 ] && names=(plain cudnn fp8-head fp8-all cudnn-fp8-head cudnn-fp8-all)
 run_variant() {  # name gpu

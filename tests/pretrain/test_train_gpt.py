@@ -19,6 +19,7 @@ from scalelab.core.config import dump_toml
 from scalelab.core.jsonio import iter_jsonl
 from scalelab.pretrain import train_gpt
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
+from scalelab.pretrain.fp8 import FP8Linear
 from scalelab.pretrain.shards import write_shard
 
 VOCAB = 256
@@ -203,7 +204,7 @@ def test_fp8_linear_matches_float_linear_within_fp8_error():
     ref = torch.nn.Linear(64, 48)
     fp8 = torch.nn.Linear(64, 48)
     fp8.load_state_dict(ref.state_dict())
-    fp8.__class__ = train_gpt.FP8Linear
+    fp8.__class__ = FP8Linear
     x = torch.randn(4, 8, 64)
     (y_ref, y8) = ref(x), fp8(x)
     rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731

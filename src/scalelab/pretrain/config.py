@@ -55,6 +55,21 @@ class OptimConfig:
     beta2: float = param(0.95, "AdamW beta2 (0.95 for LLM stability, GPT-3)", ge=0.0, le=1.0)
     eps: float = param(1e-8, "AdamW epsilon", gt=0.0)
     grad_clip: float = param(1.0, "clip global grad norm to this; 0 disables", ge=0.0)
+    muon_lr: float = param(0.02, "train.optimizer='muon': peak lr of the hidden matrices (the AdamW groups keep "
+                                 "optim.lr; both follow the schedule). 0.02 is Jordan's reference Muon value, "
+                                 "tuned on GPT-2 124M at a 0.5M-token batch (modded-nanogpt)", gt=0.0)
+    muon_momentum: float = param(0.95, "Muon's Nesterov momentum (reference value; modded-nanogpt and Moonlight "
+                                       "use 0.95); must be < 1", ge=0.0)
+    muon_ns_steps: int = param(5, "Newton-Schulz iterations per Muon step: the reference 5 steps bring every "
+                                  "singular value above ~3e-3 of the Frobenius norm into [0.68, 1.2] (muon.py); "
+                                  "each extra one costs 3 matmuls per matrix", ge=1, le=20)
+    muon_weight_decay: float = param(0.0, "Muon's decoupled decay (p *= 1 - lr*wd). 0 as modded-nanogpt's short "
+                                          "runs; Liu et al. 2025 need ~0.1 (at AdamW-sized lr) for long runs", ge=0.0)
+
+    def validate(self) -> None:
+        if self.muon_momentum >= 1.0:
+            raise ConfigError(f"config field 'optim.muon_momentum': {self.muon_momentum} must be < 1 (at 1 the "
+                              "momentum buffer never forgets and grows without bound)")
 
 
 @dataclass
@@ -88,6 +103,21 @@ class TrainConfig:
     overfit_batch: bool = param(False, "sanity mode: train on the first batch only; loss must go to ~0")
     token_budget: int = param(0, "dry run: stop once this many tokens were trained on; 0 = no budget", ge=0)
     resume: bool = param(True, "continue from the run folder's checkpoint when one exists")
+    optimizer: Literal["adamw", "muon"] = param("adamw", "adamw: AdamW on every parameter. muon: Muon on the "
+                                                         "attention and MLP matrices, AdamW (optim.lr) on "
+                                                         "embeddings/head/biases/gains (muon.py)")
+    loss_chunks: int = param(0, "compute LM head + cross-entropy over this many row chunks with the gradient "
+                                "formed in the forward, so the (B*T, vocab) logits never exist at once "
+                                "(chunked_ce.py); 0 = off (one plain head matmul). Chunks of ~8k rows keep each "
+                                "matmul large (8 at B=64, T=1024); not with train.fp8", ge=0)
+    target_val_loss: float = param(0.0, "time-to-target runs: stop (and checkpoint) at the first evaluation with "
+                                        "val loss <= this; 0 = off", ge=0.0)
+
+    def validate(self) -> None:
+        if self.loss_chunks and self.fp8 != "none":
+            raise ConfigError(f"config field 'train.loss_chunks': {self.loss_chunks} computes the LM head itself "
+                              f"in bf16, so train.fp8={self.fp8!r} would silently lose its FP8 head; set "
+                              "train.loss_chunks=0 or train.fp8='none'")
 
 
 @dataclass
@@ -110,6 +140,12 @@ class PretrainConfig:
     schedule: ScheduleConfig = section(ScheduleConfig)
     train: TrainConfig = section(TrainConfig)
     run: RunConfig = section(RunConfig)
+
+    def validate(self) -> None:
+        rows = self.train.micro_batch_size * self.model.block_size
+        if self.train.loss_chunks > rows:
+            raise ConfigError(f"config field 'train.loss_chunks': {self.train.loss_chunks} chunks of a micro-batch "
+                              f"of only micro_batch_size*block_size = {rows} rows; use at most {rows}")
 
     @property
     def run_dir(self) -> Path:

@@ -3,8 +3,9 @@
     python train_gpt.py --config configs/pretrain/tiny-cpu.toml [--set train.max_steps=50 ...]
     torchrun --nproc_per_node 8 train_gpt.py --config configs/pretrain/gpt2-124m-fineweb-edu.toml
 
-It imports nothing of scalelab but the shard reader and the config loader, so it can be read (and copied
-to a cluster) alone. Sections, in order: model / data / optimizer + schedule / checkpoint / loop / main.
+It imports nothing of scalelab but the shard reader, the config loader and three optional parts in their own
+files (fp8.py, muon.py, chunked_ce.py), so it can be read (and copied to a cluster) with them alone.
+Sections, in order: model / data / optimizer + schedule / checkpoint / loop / main.
 """
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from scalelab.pretrain.chunked_ce import chunked_cross_entropy
 from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config, peak_flops, save_config
+from scalelab.pretrain.fp8 import use_fp8
+from scalelab.pretrain.muon import build_muon_adamw
 from scalelab.pretrain.shards import StreamPosition, TokenStream, list_shards, manifest_hash, read_header
 
 # ------------------------------------------------------------------------------------------------
@@ -74,9 +78,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, loss_chunks: int = 0):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.loss_chunks = cfg, loss_chunks  # loss_chunks > 0: chunked head + loss (chunked_ce.py)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
@@ -112,53 +116,14 @@ class GPT(nn.Module):
     def head(self, x: torch.Tensor, targets: torch.Tensor | None):
         # Padded vocab rows exist only for matmul shape; they are excluded from the softmax, so this
         # model and its exported 50257-row HF twin compute the same distribution.
+        if targets is not None and self.loss_chunks:  # loss only: the (B*T, V) logits are never built
+            return None, chunked_cross_entropy(self.transformer.ln_f(x), self.lm_head.weight, targets,
+                                               self.loss_chunks, self.cfg.vocab_size)
         logits = self.lm_head(self.transformer.ln_f(x))[..., : self.cfg.vocab_size]
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
-
-
-def _to_fp8(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor dynamic scaling: map amax to the format's largest finite value; returns (t8, 1/scale)."""
-    scale = torch.finfo(dtype).max / t.abs().amax().float().clamp(min=1e-12)
-    return (t.float() * scale).to(dtype), scale.reciprocal()
-
-
-class _FP8Matmul(torch.autograd.Function):
-    """y = x @ w.T with e4m3 operands forward and e5m2 output gradients backward (Micikevicius et al. 2022,
-    "FP8 Formats for Deep Learning"); master weights, optimizer and accumulation stay in higher precision."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # x (M, K), w (N, K)
-        (x8, sx), (w8, sw) = _to_fp8(x, torch.float8_e4m3fn), _to_fp8(w, torch.float8_e4m3fn)
-        ctx.save_for_backward(x8, sx, w8, sw)
-        ctx.dtypes = (x.dtype, w.dtype)
-        return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):  # g (M, N); _scaled_mm wants its 2nd operand column-major
-        x8, sx, w8, sw = ctx.saved_tensors
-        g8, sg = _to_fp8(g, torch.float8_e5m2)
-        gx = torch._scaled_mm(g8, w8.t().contiguous().t(), scale_a=sg, scale_b=sw, out_dtype=torch.bfloat16)
-        gw = torch._scaled_mm(g8.t().contiguous(), x8.t().contiguous().t(), scale_a=sg, scale_b=sx,
-                              out_dtype=torch.float32)
-        return gx.to(ctx.dtypes[0]), gw.to(ctx.dtypes[1])
-
-
-class FP8Linear(nn.Linear):
-    """nn.Linear with its matmul in FP8; same parameters and names, so checkpoints and export are unchanged."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _FP8Matmul.apply(x.reshape(-1, x.size(-1)), self.weight).view(*x.shape[:-1], -1)
-        return y if self.bias is None else y + self.bias.to(y.dtype)
-
-
-def use_fp8(model: GPT, which: str) -> None:
-    """Swap the chosen Linears' class in place: 'lm_head' (the largest matmul, as modded-nanogpt) or 'all'."""
-    for name, module in model.named_modules():
-        if type(module) is nn.Linear and (which == "all" or name == "lm_head"):
-            module.__class__ = FP8Linear
 
 
 def flops_per_token(model_cfg: ModelConfig, n_params: int) -> float:
@@ -224,14 +189,22 @@ def evaluate(model, cfg: PretrainConfig, rank: int, world: int, device: torch.de
 # optimizer and schedule
 
 
-def make_optimizer(model: nn.Module, cfg: PretrainConfig, device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, cfg: PretrainConfig, device: torch.device):
+    """The optimizer named by train.optimizer (OPTIMIZERS)."""
+    return OPTIMIZERS[cfg.train.optimizer](model, cfg, device.type == "cuda")
+
+
+def make_adamw(model: nn.Module, cfg: PretrainConfig, fused: bool) -> torch.optim.AdamW:
     """AdamW (Loshchilov & Hutter 2019); decay only 2-D weights (matmuls, embeddings), not biases or norms."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     o = cfg.optim
-    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused)
+
+
+OPTIMIZERS = {"adamw": make_adamw, "muon": build_muon_adamw}  # Muon: hidden matrices; AdamW: the rest (muon.py)
 
 
 def lr_at(step: int, cfg: PretrainConfig) -> float:
@@ -386,7 +359,7 @@ def train(cfg: PretrainConfig) -> dict:
     log, data_sha, accum = MetricsLog(run_dir, rank), manifest_hash(cfg.data.dir), cfg.grad_accum(world)
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
-    model = GPT(cfg.model).to(device)
+    model = GPT(cfg.model, cfg.train.loss_chunks).to(device)
     if cfg.train.fp8 != "none":
         use_fp8(model, cfg.train.fp8)
     if device.type == "cuda" and cfg.train.attention != "auto":  # keep only the chosen SDPA kernel
@@ -425,7 +398,7 @@ def _loop(model, optimizer, stream, cfg, rank, world, device, autocast, accum, f
     while step < t_cfg.max_steps:
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_ratio", 1.0)  # Muon's groups peak at optim.muon_lr, not optim.lr
         t0 = time.perf_counter()
         train_loss, norm = train_step(model, optimizer, stream, cfg, world, device, autocast, accum, fixed)
         if not (math.isfinite(train_loss) and math.isfinite(norm)):
@@ -452,6 +425,7 @@ def _loop(model, optimizer, stream, cfg, rank, world, device, autocast, accum, f
             log("val", step=step, val_loss=val_loss, tokens=step * tok_per_step)
             if rank == 0:
                 print(f"step {step:5d} | val loss {val_loss:.4f}", flush=True)
+            last = last or val_loss <= t_cfg.target_val_loss  # time-to-target run: stop (and checkpoint) here
         if (t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0) or last:
             save_checkpoint(ckpt, model, optimizer, step, stream, cfg, data_sha, rank, world)
             log("checkpoint", step=step, path=str(ckpt))

@@ -1,0 +1,127 @@
+"""train.loss_chunks (chunked_ce.py): the chunked LM head + cross-entropy gives the plain path's loss and
+gradients (fp32: rel 1e-5), with padded vocab rows, uneven chunks, under no_grad, in a model and in training."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scalelab.core.config import ConfigError
+from scalelab.pretrain import train_gpt
+from scalelab.pretrain.chunked_ce import chunked_cross_entropy
+from scalelab.pretrain.config import load_pretrain_config
+from tests.pretrain.test_train_gpt import TINY, data_dir, losses, make_cfg  # noqa: F401
+
+V, VP, C = 256, 264, 32  # vocab, padded rows (never targeted, outside the softmax), width
+
+
+def plain_loss(h, w, t):
+    """The trainer's unchunked head: F.linear, drop padded columns, fp32 cross-entropy."""
+    return F.cross_entropy(F.linear(h, w)[..., :V].float().reshape(-1, V), t.reshape(-1))
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(4, 16, C, generator=g, requires_grad=True)
+    w = (0.3 * torch.randn(VP, C, generator=g)).requires_grad_()
+    return h, w, torch.randint(0, V, (4, 16), generator=g)
+
+
+@pytest.mark.parametrize("chunks", [1, 5, 64])  # one chunk, uneven chunks (13,13,13,13,12), one row per chunk
+def test_chunked_equals_plain_loss_and_grads(chunks):
+    h, w, t = inputs()
+    ref = plain_loss(h, w, t)
+    gh, gw = torch.autograd.grad(ref, (h, w))
+    out = chunked_cross_entropy(h, w, t, chunks, V)
+    ch, cw = torch.autograd.grad(out, (h, w))
+    assert out.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert rel(ch, gh) < 1e-5 and rel(cw, gw) < 1e-5
+    assert torch.count_nonzero(cw[V:]) == 0  # padded rows get no gradient, as with the slice
+
+
+def test_chunked_scales_by_the_incoming_gradient():
+    h, w, t = inputs(1)
+    (g_ref,) = torch.autograd.grad(3.0 * plain_loss(h, w, t), (w,))  # e.g. loss / accum, or a loss weight
+    (g_out,) = torch.autograd.grad(3.0 * chunked_cross_entropy(h, w, t, 4, V), (w,))
+    assert rel(g_out, g_ref) < 1e-5
+
+
+def test_chunked_under_no_grad_is_the_same_loss():
+    h, w, t = inputs(2)
+    with torch.no_grad():
+        out = chunked_cross_entropy(h, w, t, 3, V)
+    assert not out.requires_grad and out.item() == pytest.approx(plain_loss(h, w, t).item(), rel=1e-6)
+
+
+def test_chunked_follows_autocast_dtype():
+    h, w, t = inputs(3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # both paths: bf16 matmuls, fp32 softmax
+        ref, out = plain_loss(h, w, t), chunked_cross_entropy(h, w, t, 4, V)
+    gw_ref, = torch.autograd.grad(ref, (w,))
+    gw_out, = torch.autograd.grad(out, (w,))
+    assert out.item() == pytest.approx(ref.item(), rel=1e-6)  # same bf16 logits, same fp32 reduction
+    assert rel(gw_out, gw_ref) < 1e-2  # bf16 grad: rounded per chunk here, once over all rows in the plain path
+    assert out.item() != pytest.approx(plain_loss(h, w, t).item(), rel=1e-5)  # bf16 did change the logits
+
+
+def model_grads(model: train_gpt.GPT, x, y) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    loss = model(x, y)[1]
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_model_with_loss_chunks_equals_plain_model():
+    cfg = load_pretrain_config(None, [*TINY, f"model.padded_vocab_size={VP}"]).model
+    torch.manual_seed(0)
+    model = train_gpt.GPT(cfg)
+    g = torch.Generator().manual_seed(4)
+    x, y = (torch.randint(0, V, (4, 16), generator=g) for _ in range(2))
+    loss_a, grads_a = model_grads(model, x, y)
+    model.loss_chunks = 3
+    assert model(x, y)[0] is None  # loss only: no logits tensor
+    loss_b, grads_b = model_grads(model, x, y)
+    assert loss_b == pytest.approx(loss_a, rel=1e-5)
+    for name, grad in grads_a.items():  # every parameter, the tied wte / lm_head included
+        assert rel(grads_b[name], grad) < 1e-5, name
+
+
+def test_training_with_loss_chunks_matches_plain(data_dir, tmp_path):  # noqa: F811
+    plain = make_cfg(data_dir, tmp_path / "plain", "train.max_steps=5")
+    chunked = make_cfg(data_dir, tmp_path / "chunked", "train.max_steps=5", "train.loss_chunks=6")
+    train_gpt.train(plain)
+    train_gpt.train(chunked)
+    a, b = losses(plain.run_dir), losses(chunked.run_dir)
+    assert a.keys() == b.keys() and len(a) == 5
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_compiled_chunked_equals_eager():
+    cfg = load_pretrain_config(None, [*TINY, f"model.padded_vocab_size={VP}"]).model
+    torch.manual_seed(0)
+    model = train_gpt.GPT(cfg, loss_chunks=4)
+    g = torch.Generator().manual_seed(5)
+    x, y = (torch.randint(0, V, (4, 16), generator=g) for _ in range(2))
+    loss_eager, grads_eager = model_grads(model, x, y)
+    model.zero_grad()
+    loss = torch.compile(model)(x, y)[1]  # the autograd.Function traced by dynamo
+    loss.backward()
+    assert loss.item() == pytest.approx(loss_eager, rel=1e-5)
+    for name, p in model.named_parameters():
+        assert rel(p.grad, grads_eager[name]) < 1e-5, name
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (['train.loss_chunks=4', 'train.fp8="lm_head"'], "train.loss_chunks.*train.fp8='lm_head'"),
+    (['train.loss_chunks=65'], "train.loss_chunks.*micro_batch_size\\*block_size = 64"),  # B=4 x T=16
+    (['train.loss_chunks=-1'], "train.loss_chunks.*must be >= 0"),
+])
+def test_loss_chunks_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_pretrain_config(None, [*TINY, *overrides])
