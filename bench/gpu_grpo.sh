@@ -23,11 +23,19 @@
 #                    (default .grpo-gpu/whl:.gpu-carry/whl)
 #          STEPS     override train.max_steps of the studies; KS (default 0,1,2,4,8); IS=1; JOBS (runs at once)
 #          HACK_TOKENS (default 160), TARGET_CHARS (default 2 x HACK_TOKENS): the hacking study's cap and length target
-#          VARIANTS  space-separated <P>x<G>-<kind>, kind: dict (logprobs as a dict per token, vLLM's default
-#                    CUDA graphs: the setup before), flat (FlatLogprobs), flat-graphs (flat + CUDA graphs up to
-#                    P*G sequences). UPDATE_VARIANT (default: the first of VARIANTS; 'none') also times the
-#                    update and the weight syncs; the others skip them to save time. NEW = max
-#                    new tokens (default 256). VARIANTS_BUDGET_S (default 540): seconds from the script's start
+#          VARIANTS  space-separated <P>x<G>-<kind>[-lognormal[CAP]], kind: dict (logprobs as a dict per token,
+#                    vLLM's default CUDA graphs: the setup before), flat (FlatLogprobs), flat-graphs (flat + CUDA
+#                    graphs up to P*G sequences). UPDATE_VARIANT (default: the first of VARIANTS; 'none') also
+#                    times the update and the weight syncs; the others skip them to save time. NEW = max
+#                    new tokens (default 256); every sequence runs to it (random weights emit no EOS).
+#                    -lognormal[CAP]: emulated long-tailed response lengths instead (the bench's --lengths
+#                    lognormal): one length per sequence, lognormal with mean LN_MEAN (default 256) and sigma
+#                    LN_SIGMA (default 0.6) of ln L, clipped to [1, CAP]; CAP replaces NEW, default 512: HF
+#                    generate keeps every step's fp32 logits, at 1,024 sequences x 512 x 49,152 x 4 B = 103 GB
+#                    (x 1,024 would be 206 GB, over an H200's 139 GiB: the bench refuses it); seed 0 draws mean
+#                    236, max/mean 2.2, 5.5% clipped at 1,024 sequences x 512; 32x8-flat-graphs-lognormal1024:
+#                    mean 256, max/mean 4.0. A kept json is not remeasured when LN_MEAN / LN_SIGMA change: give
+#                    those runs their own RUNS. VARIANTS_BUDGET_S (default 540): seconds from the script's start
 #                    (setup included) after which no variant runs; a variant whose json is kept in
 #                    $RUNS/variants-new$NEW is not run again, so a second call finishes the list (delete that
 #                    folder to measure again)
@@ -104,18 +112,28 @@ copy_study() {  # $1 = study folder under $RUNS, $2 = name under $OUT
 # ---------------------------------------------------------------------------------------------
 # variants
 
-variant_args() {  # $1 = <P>x<G>-<kind>: the bench flags of that variant
-  local batch=${1%%-*} kind=${1#*-} p g
-  p=${batch%x*}; g=${batch#*x}
-  if ! [[ $p =~ ^[0-9]+$ && $g =~ ^[0-9]+$ ]]; then
-    echo "variant $1: expected <P>x<G>-<kind>, e.g. 32x8-flat" >&2; return 2
+variant_new() {  # $1 = variant name: its max new tokens, CAP of -lognormal[CAP] (default 512), else $NEW
+  if [[ $1 =~ -lognormal([0-9]*)$ ]]; then echo "${BASH_REMATCH[1]:-512}"; else echo "$NEW"; fi
+}
+
+variant_args() {  # $1 = <P>x<G>-<kind>[-lognormal[CAP]]: the bench flags of that variant
+  local batch=${1%%-*} kind=${1#*-} p g new
+  p=${batch%x*}; g=${batch#*x}; new=$(variant_new "$1")
+  if ! [[ $p =~ ^[0-9]+$ && $g =~ ^[0-9]+$ && $new =~ ^[1-9][0-9]*$ ]]; then
+    echo "variant $1: expected <P>x<G>-<kind>[-lognormal[CAP]], e.g. 32x8-flat or 64x16-flat-lognormal512" >&2
+    return 2
   fi
-  echo --prompts "$p" --group "$g"
+  echo --prompts "$p" --group "$g" --max-new-tokens "$new"
+  if [[ $kind =~ -lognormal[0-9]*$ ]]; then
+    kind=${kind%-lognormal*}
+    echo --lengths lognormal --length-mean "${LN_MEAN:-256}" --length-sigma "${LN_SIGMA:-0.6}"
+  fi
   case $kind in
     dict) echo --no-flat-logprobs ;;
     flat) ;;
     flat-graphs) echo --cudagraph-max $((p * g)) ;;
-    *) echo "variant $1: kind $kind; allowed: dict flat flat-graphs" >&2; return 2 ;;
+    *) echo "variant $1: kind $kind; allowed: dict flat flat-graphs, each optionally -lognormal[CAP]" >&2
+       return 2 ;;
   esac
 }
 
@@ -144,11 +162,12 @@ EOF
 }
 
 run_variant() {  # $1 = name, $2 = folder, $3 = seconds allowed, $4 = 1 when it also times update and syncs
-  local args extra="--no-update --no-sync" mml=$(( NEW + 256 > 1024 ? NEW + 256 : 1024 ))
+  local args extra="--no-update --no-sync" new mml
   args=$(variant_args "$1") || return 2
+  new=$(variant_new "$1"); mml=$(( new + 256 > 1024 ? new + 256 : 1024 ))  # prompt (< 256 tokens) + cap
   [ "$4" = 1 ] && extra=""
   timeout "$3" python3 bench/grpo_rollout_bench.py --model random:qwen2.5-1.5b --tokenizer "$SMOL_DIR" $args \
-    --max-new-tokens "$NEW" --max-model-len "$mml" --repeats 2 $extra --out "$2/$1.json" > "$2/$1.log" 2>&1
+    --max-model-len "$mml" --repeats 2 $extra --out "$2/$1.json" > "$2/$1.log" 2>&1
 }
 
 run_variants() {  # resumable: a variant whose json is in $RUNS from an earlier call (same NEW) is not run again

@@ -9,6 +9,11 @@
 (c) one full-weight AdamW optimizer step on the same batch (update ms), so each sync's share of the stated step
     rollout (fastest engine) + update + sync can be given.
 HF always runs first in the same process on the same batch: ratio_vllm_over_hf is only ever against that baseline.
+Response lengths (--lengths, recorded under "lengths"): random weights never emit EOS, so by default (fixed) every
+sequence runs to max_new_tokens, HF generate's best case (a static batch, no finished rows). lognormal and file:PATH
+draw one target length L_i per sequence and make each engine pay what an EOS after L_i tokens would cost it: vLLM
+decodes L_i tokens for sequence i (one request per sequence), HF decodes max_i L_i for the whole batch and keeps the
+first L_i of row i; tokens/s of both = sum_i L_i / wall-clock ("response lengths" below says why and how).
 vLLM's tuning options (--max-num-seqs, --cudagraph-max, --no-flat-logprobs) are written to "vllm_options", as
 asked and as the engine ran them, so variants (one process each: vLLM does not hand GPU memory back in-process)
 can be compared; bench/gpu_grpo.sh PART variants runs a set.
@@ -18,6 +23,10 @@ can be compared; bench/gpu_grpo.sh PART variants runs a set.
     # a variant: 1,024 sequences with CUDA graphs up to 1,024 (vLLM's default stops at 512), no sync/update timing
     python bench/grpo_rollout_bench.py --model random:qwen2.5-1.5b --tokenizer .grpo-gpu/smol --prompts 64 \
         --group 16 --cudagraph-max 1024 --repeats 2 --no-update --no-sync --out flat-graphs-1024.json
+    # emulated long-tailed lengths: lognormal, mean 256, sigma 0.6, clipped to [1, 512]
+    python bench/grpo_rollout_bench.py --model random:qwen2.5-1.5b --tokenizer .grpo-gpu/smol --prompts 64 \
+        --group 16 --cudagraph-max 1024 --max-new-tokens 512 --lengths lognormal --length-mean 256 \
+        --length-sigma 0.6 --repeats 2 --no-update --no-sync --out flat-graphs-1024-lognormal.json
     # CPU plumbing: a tiny random Llama, HF engine only, sync into an own HF copy
     python bench/grpo_rollout_bench.py --tiny --out /tmp/rollout_bench.json
 """
@@ -25,14 +34,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from scalelab.core.config import ConfigError
@@ -41,7 +53,8 @@ from scalelab.grpo.advantages import group_advantages
 from scalelab.grpo.batch import collate
 from scalelab.grpo.config import LoraConfig, load_grpo_config
 from scalelab.grpo.parts import apply_lora, encode_prompt
-from scalelab.grpo.rollout import EngineContext, SamplingParams, build_engine
+from scalelab.grpo.rollout import (EngineContext, RolloutBatch, SamplingParams, build_engine, repeat_prompts,
+                                   sampled_logprobs)
 from scalelab.grpo.weightsync import sync_weights
 
 
@@ -50,7 +63,8 @@ class EngineResult:
     tokens_per_s: float  # median run's completion tokens / its wall-clock
     median_ms: float  # the engine's own timing: the generate call of vLLM / HF
     median_call_ms: float  # that run's whole engine.generate (adds the cut at stop tokens, logprob parsing, decode)
-    completion_tokens: int  # of the median run
+    completion_tokens: int  # of the median run, each row cut to its target length: the useful tokens
+    computed_tokens: int  # decode positions the engine ran: HF rows x its longest row (padding included), vLLM the sum
     runs_ms: tuple[float, ...]
     finished_frac: float  # sequences that ended on a stop token (the rest ran to max_new_tokens)
 
@@ -117,27 +131,186 @@ def build(name: str, model: torch.nn.Module, tokenizer: object, args: argparse.N
 
 
 # ---------------------------------------------------------------------------------------------
+# response lengths
+#
+# Real GRPO rollouts have long-tailed response lengths: most sequences end early, a few run to the cap, and in a
+# synchronous step the batch waits for its longest ones (RollPacker, Gao et al. 2025, arXiv:2509.21009: the
+# imbalanced lengths within a rollout step leave GPUs idle). That is where the engines part ways: HF generate
+# runs a static batch until its longest row ends, computing the finished rows as padding; vLLM's continuous
+# batching drops a sequence when it ends. Random weights never emit EOS, so the bench draws the lengths instead:
+# lognormal is our choice of a two-parameter long tail (not a fit to any run); file:PATH resamples lengths
+# measured from real rollouts.
+
+
+@dataclass(frozen=True)
+class LengthSpec:
+    mode: str  # fixed | lognormal | file (LENGTH_SAMPLERS)
+    mean: float = 256.0  # lognormal: mean of the distribution before clipping, tokens
+    sigma: float = 0.6  # lognormal: standard deviation of ln L
+    path: str = ""  # file: a JSON list of lengths
+    source: tuple[int, ...] = ()  # file: the lengths read from it
+
+    def params(self) -> dict:
+        return {"lognormal": {"mean": self.mean, "sigma": self.sigma},
+                "file": {"path": self.path, "source_count": len(self.source)}}.get(self.mode, {})
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    mean: float
+    p50: float  # numpy's linearly interpolated percentiles
+    p90: float
+    max: int
+    max_over_mean: float  # the static batch's padding factor: HF computes max per row, on average mean is used
+    useful_tokens: int  # sum_i L_i: what every engine is credited with
+    padded_tokens: int  # B x max_i L_i: what a static batch (HF generate) computes
+    at_cap_frac: float  # drawn at the cap (max_new_tokens): clipped, as a run's truncated responses are
+
+
+@dataclass(frozen=True)
+class SeqRequest:
+    prompt_ids: tuple[int, ...]
+    max_tokens: int  # its target length: with ignore_eos vLLM decodes exactly this many
+    seed: int
+
+
+def read_lengths_file(path: str) -> tuple[int, ...]:
+    """A JSON list of response lengths (tokens, >= 0), e.g. measured from real rollouts."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--lengths file:{path}: {e}") from None
+    ok = isinstance(data, list) and data and all(isinstance(x, (int, float)) and 0 <= x < math.inf for x in data)
+    if not ok:
+        raise ValueError(f"--lengths file:{path}: expected a non-empty JSON list of finite lengths >= 0")
+    return tuple(int(round(x)) for x in data)
+
+
+def parse_lengths(text: str, mean: float, sigma: float) -> LengthSpec:
+    """--lengths fixed | lognormal | file:PATH (with --length-mean / --length-sigma for lognormal)."""
+    if text.startswith("file:"):
+        path = text.removeprefix("file:")
+        return LengthSpec("file", path=path, source=read_lengths_file(path))
+    if text not in LENGTH_SAMPLERS or text == "file":
+        raise ValueError(f"--lengths {text!r}; allowed: fixed, lognormal, file:PATH")
+    if text == "lognormal" and not (mean > 0 and sigma >= 0):
+        raise ValueError(f"--lengths lognormal needs --length-mean > 0 and --length-sigma >= 0 (got {mean:g}, "
+                         f"{sigma:g})")
+    return LengthSpec(text, mean, sigma)
+
+
+def _fixed(spec: LengthSpec, count: int, cap: int, rng: np.random.Generator) -> np.ndarray:
+    return np.full(count, cap)
+
+
+def _lognormal(spec: LengthSpec, count: int, cap: int, rng: np.random.Generator) -> np.ndarray:
+    # ln L ~ N(mu, sigma^2) with mu = ln(mean) - sigma^2 / 2, so that E[L] = exp(mu + sigma^2 / 2) = mean
+    return rng.lognormal(np.log(spec.mean) - spec.sigma ** 2 / 2, spec.sigma, count)
+
+
+def _resample(spec: LengthSpec, count: int, cap: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.choice(np.array(spec.source), size=count, replace=True)
+
+
+LENGTH_SAMPLERS: dict[str, Callable[[LengthSpec, int, int, np.random.Generator], np.ndarray]] = {
+    "fixed": _fixed, "lognormal": _lognormal, "file": _resample}
+
+
+def draw_lengths(spec: LengthSpec, count: int, cap: int, seed: int) -> tuple[int, ...]:
+    """`count` target lengths from the bench's own generator, rounded and clipped to [1, cap]."""
+    raw = LENGTH_SAMPLERS[spec.mode](spec, count, cap, np.random.default_rng(seed))
+    return tuple(int(x) for x in np.clip(np.rint(raw), 1, cap))
+
+
+def length_stats(lengths: Sequence[int], cap: int) -> LengthStats:
+    a = np.asarray(lengths)
+    mean = float(a.mean())
+    return LengthStats(mean, float(np.percentile(a, 50)), float(np.percentile(a, 90)), int(a.max()),
+                       float(a.max()) / mean, int(a.sum()), len(a) * int(a.max()), float((a >= cap).mean()))
+
+
+def length_requests(prompts: Sequence[Sequence[int]], n: int, lengths: Sequence[int], seed: int) -> list[SeqRequest]:
+    """One request per sequence, group-major as the engines order rows (row i*n + j = prompt i's j-th sample).
+    Seed seed + j: vLLM seeds the j-th child of an n-sample request with seed + j (vllm/v1/engine/
+    parallel_sampling.py), so these are the engine's seeds. The n requests of a prompt carry the same ids, so
+    prefix caching shares its KV blocks as it does for the children of one request."""
+    rows = repeat_prompts(prompts, n)
+    if len(lengths) != len(rows):
+        raise ValueError(f"{len(lengths)} lengths for {len(rows)} sequences")
+    return [SeqRequest(row, int(length), seed + k % n) for k, (row, length) in enumerate(zip(rows, lengths))]
+
+
+def keep_first(batch: RolloutBatch, lengths: Sequence[int], decode: Callable[[Sequence[int]], str]) -> RolloutBatch:
+    """Row i cut to its first L_i tokens: what the trainer would get had it ended there; a row already shorter (a
+    stop token sampled by chance) stays as it is. Texts of cut rows are decoded again."""
+    cut = [len(c) > n for c, n in zip(batch.completion_ids, lengths)]
+    comps = tuple(c[:n] for c, n in zip(batch.completion_ids, lengths))
+    texts = tuple(decode(c) if k else t for c, t, k in zip(comps, batch.texts, cut))
+    return replace(batch, completion_ids=comps, texts=texts,
+                   logprobs=tuple(lp[:n] for lp, n in zip(batch.logprobs, lengths)))
+
+
+def computed_tokens(batch: RolloutBatch) -> int:
+    """Decode positions the engine ran: HF's static batch runs every row to its longest (finished rows as padding);
+    vLLM only runs unfinished sequences."""
+    if batch.engine == "hf":
+        return len(batch.lengths) * max(batch.lengths, default=0)
+    return batch.num_tokens
+
+
+def vllm_generate_lengths(engine: object, requests: Sequence[SeqRequest], params: SamplingParams) -> RolloutBatch:
+    """The colocated engine's `llm` on one request per sequence, max_tokens = its length, ignore_eos and no stop
+    ids (so nothing ends it early); otherwise the engine's own sampling options, and its outputs parsed as
+    VLLMColocatedEngine.generate parses them (sampled tokens' logprobs, one batch decode). As there, the sampling
+    params are built before the timer starts."""
+    from vllm import SamplingParams as VllmSampling
+    base = engine.sampling_kwargs(params)
+    sps = [VllmSampling(**{**base, "n": 1, "max_tokens": r.max_tokens, "seed": r.seed, "ignore_eos": True,
+                           "stop_token_ids": []}) for r in requests]
+    t0 = time.perf_counter()
+    outs = engine.llm.generate([{"prompt_token_ids": list(r.prompt_ids)} for r in requests], sps, use_tqdm=False)
+    ms = (time.perf_counter() - t0) * 1e3
+    comps, lps, fins = [], [], []
+    for out in outs:  # in request order
+        c = out.outputs[0]
+        ids = list(c.token_ids)
+        comps.append(tuple(ids))
+        lps.append(tuple(sampled_logprobs(ids, c.logprobs)))
+        fins.append(c.finish_reason == "stop")
+    texts = tuple(engine.decode_batch([list(c) for c in comps]))
+    return RolloutBatch(tuple(r.prompt_ids for r in requests), tuple(comps), texts, tuple(lps), tuple(fins), ms,
+                        engine.weights_version, engine.name)
+
+
+# ---------------------------------------------------------------------------------------------
 # measure
 
 
-def timed_generate(engine: object, prompts: list[list[int]], params: SamplingParams) -> tuple:
-    """(batch, ms of the whole engine.generate call)."""
+Generate = Callable[[list[list[int]], SamplingParams], RolloutBatch]  # engine.generate or a stand-in
+
+
+def timed_generate(generate: Generate, prompts: list[list[int]], params: SamplingParams) -> tuple:
+    """(batch, ms of the whole generate call)."""
     t0 = time.perf_counter()
-    batch = engine.generate(prompts, params)
+    batch = generate(prompts, params)
     return batch, (time.perf_counter() - t0) * 1e3
 
 
-def time_engine(engine: object, prompts: list[list[int]], params: SamplingParams, repeats: int) -> tuple:
-    """(EngineResult, the last batch): one untimed call on the whole batch, then `repeats` timed calls.
+def time_engine(generate: Generate, prompts: list[list[int]], params: SamplingParams, repeats: int,
+                lengths: Sequence[int], decode: Callable[[Sequence[int]], str]) -> tuple:
+    """(EngineResult, the last batch cut to `lengths`): one untimed call on the whole batch, then `repeats` timed
+    calls. Tokens/s counts each row's first L_i tokens only (keep_first) over the generate call's wall-clock.
     The warm-up has the timed calls' shapes: a first large batch pays allocator growth and kernel selection
     (measured on an H200: HF generate's first 1,024-sequence batch took 21.9 s, the next 7.4 s)."""
-    engine.generate(prompts, params)
-    runs, call_ms = zip(*[timed_generate(engine, prompts, params) for _ in range(repeats)])
+    generate(prompts, params)
+    runs, call_ms = zip(*[timed_generate(generate, prompts, params) for _ in range(repeats)])
     ms = [b.generation_ms for b in runs]
     mid = sorted(range(len(runs)), key=lambda i: ms[i])[len(runs) // 2]
     b = runs[mid]
-    return EngineResult(b.num_tokens / (b.generation_ms / 1e3), b.generation_ms, call_ms[mid],
-                        b.num_tokens, tuple(ms), sum(b.finished) / len(b.finished)), runs[-1]
+    useful = keep_first(b, lengths, decode).num_tokens
+    result = EngineResult(useful / (b.generation_ms / 1e3), b.generation_ms, call_ms[mid], useful,
+                          computed_tokens(b), tuple(ms), sum(b.finished) / len(b.finished))
+    return result, keep_first(runs[-1], lengths, decode)
 
 
 def time_update(model: torch.nn.Module, tokenizer: object, batch: object, args: argparse.Namespace) -> float:
@@ -179,16 +352,40 @@ def check_context(prompts: list[list[int]], args: argparse.Namespace) -> None:
                          f"--max-new-tokens ({args.max_new_tokens}) = {need}; raise --max-model-len")
 
 
+def check_hf_memory(sequences: int, new_tokens: int, vocab_size: int, free_bytes: int) -> None:
+    """HF generate keeps every step's fp32 logits, (N, T, V) x 4 bytes, to score the sampled tokens; refuse a batch
+    whose logits alone take > 90% of the free GPU memory (the KV cache needs the rest) before it runs out."""
+    need = sequences * new_tokens * vocab_size * 4
+    if need > 0.9 * free_bytes:
+        raise SystemExit(f"HF generate would keep {need / 1e9:.0f} GB of logits ({sequences} sequences x {new_tokens} "
+                         f"tokens x {vocab_size} x 4 B), {free_bytes / 1e9:.0f} GB free: lower --max-new-tokens")
+
+
+def vllm_lengths_generate(vllm: object, lengths: Sequence[int], args: argparse.Namespace) -> Generate:
+    """engine.generate in the fixed mode (its n-per-prompt requests, as the trainer calls it); else one request per
+    sequence with max_tokens = L_i (vllm_generate_lengths)."""
+    if args.length_spec.mode == "fixed":
+        return vllm.generate
+    return lambda prompts, params: vllm_generate_lengths(vllm, length_requests(prompts, params.n, lengths,
+                                                                               params.seed), params)
+
+
 def measure_engines(model: torch.nn.Module, tokenizer: object, prompts: list[list[int]], params: SamplingParams,
-                    args: argparse.Namespace, workdir: Path) -> tuple[dict, object, object]:
-    """({engine: EngineResult}, the vLLM engine or None, the last batch). HF first: the same-run baseline."""
+                    lengths: Sequence[int], args: argparse.Namespace, workdir: Path) -> tuple[dict, object, object]:
+    """({engine: EngineResult}, the vLLM engine or None, the last batch). HF first: the same-run baseline; it
+    generates the longest target length for the whole batch (what an EOS-terminated static batch costs)."""
     engines = {}
+    decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)  # noqa: E731
     hf = build("hf", model, tokenizer, args, "shared", workdir / "hf")
-    engines["hf"], batch = time_engine(hf, prompts, params, args.repeats)
+    hf_params = replace(params, max_new_tokens=max(lengths))
+    engines["hf"], batch = time_engine(hf.generate, prompts, hf_params, args.repeats, lengths, decode)
     vllm = None
     if "vllm_colocated" in args.engines:
+        if torch.cuda.is_available():  # HF's cached blocks: vLLM asks for its share of the *free* memory
+            torch.cuda.empty_cache()
         vllm = build("vllm_colocated", model, tokenizer, args, "inplace", workdir / "vllm")
-        engines["vllm_colocated"], batch = time_engine(vllm, prompts, params, args.repeats)
+        engines["vllm_colocated"], batch = time_engine(vllm_lengths_generate(vllm, lengths, args), prompts, params,
+                                                       args.repeats, lengths, decode)
     return engines, vllm, batch
 
 
@@ -215,8 +412,11 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
     model, tokenizer, desc = load_model(args)
     prompts = make_prompts(tokenizer, args.prompts, args.seed)
     check_context(prompts, args)
+    lengths = draw_lengths(args.length_spec, args.prompts * args.group, args.max_new_tokens, args.seed)
+    if next(model.parameters()).is_cuda:
+        check_hf_memory(len(lengths), max(lengths), desc["vocab_size"], torch.cuda.mem_get_info()[0])
     params = SamplingParams(args.group, args.temperature, args.top_p, args.max_new_tokens, args.seed)
-    engines, vllm, batch = measure_engines(model, tokenizer, prompts, params, args, workdir)
+    engines, vllm, batch = measure_engines(model, tokenizer, prompts, params, lengths, args, workdir)
     update_ms = None if args.no_update else time_update(model, tokenizer, batch, args)
     options = vllm_options(args, vllm)
     syncs = [] if args.no_sync else measure_syncs(model, tokenizer, vllm, args, workdir)
@@ -228,6 +428,9 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
             "batch": {"prompts": args.prompts, "group_size": args.group, "sequences": args.prompts * args.group,
                       "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
                       "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p},
+            "lengths": {"mode": args.length_spec.mode, "params": args.length_spec.params(), "seed": args.seed,
+                        "emulated": args.length_spec.mode != "fixed",
+                        **asdict(length_stats(lengths, args.max_new_tokens))},
             "engines": {k: asdict(e) for k, e in engines.items()}, "baseline": "hf",
             "ratio_vllm_over_hf": None if v is None else v.tokens_per_s / hf_tps, "update_ms": update_ms,
             "vllm_options": options, "weight_sync": [asdict(s) for s in syncs]}
@@ -256,7 +459,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--prompts", type=int, default=32, help="P: distinct prompts")
     p.add_argument("--group", type=int, default=8, help="G: samples per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="the cap: drawn lengths are clipped to it")
+    p.add_argument("--lengths", default="fixed",
+                   help="fixed (every sequence runs to --max-new-tokens), lognormal (one length per sequence, "
+                        "seeded) or file:PATH (a JSON list of lengths, resampled with the seed)")
+    p.add_argument("--length-mean", type=float, default=256.0, help="lognormal: mean length before clipping")
+    p.add_argument("--length-sigma", type=float, default=0.6, help="lognormal: standard deviation of ln(length)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=3)
@@ -283,9 +491,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.prompts, args.group, args.max_new_tokens, args.repeats = 2, 4, 16, 2
     try:  # the config's own checks (e.g. a CUDA-graph size vLLM does not capture) before any model loads
         grpo_config(args, "hf")
-    except ConfigError as e:
+        args.length_spec = parse_lengths(args.lengths, args.length_mean, args.length_sigma)
+    except (ConfigError, ValueError) as e:
         p.error(str(e))
     return args
+
+
+def summary_lines(result: dict) -> list[str]:
+    """The run in two lines: tokens/s, ratio, update, options, syncs; then what the lengths were."""
+    e, n = result["engines"], result["lengths"]
+    first = " ".join(map(str, [json.dumps({k: round(v["tokens_per_s"], 1) for k, v in e.items()}), "ratio",
+                               result["ratio_vllm_over_hf"], "update_ms", result["update_ms"], "vllm",
+                               result["vllm_options"]["effective"],
+                               [(s["label"], round(s["median_ms"], 1)) for s in result["weight_sync"]]]))
+    if not n["emulated"]:
+        return [first, f"lengths fixed: sequences run to max_new_tokens {result['batch']['max_new_tokens']} unless "
+                       "they sample a stop token (random weights next to never do; finished_frac says): HF "
+                       "generate's best case, no finished rows"]
+    params = ", ".join(f"{k} {v}" for k, v in n["params"].items())
+    return [first, f"lengths EMULATED ({n['mode']}: {params}; seed {n['seed']}, clipped to [1, "
+                   f"{result['batch']['max_new_tokens']}]): each sequence stops after its drawn length L (vLLM "
+                   f"max_tokens = L, HF runs the batch to max L); L mean {n['mean']:.0f} p50 {n['p50']:.0f} p90 "
+                   f"{n['p90']:.0f} max {n['max']} (max/mean {n['max_over_mean']:.2f}); tokens/s count useful "
+                   f"tokens sum L = {n['useful_tokens']:,}; HF computed {e['hf']['computed_tokens']:,} "
+                   f"(B x max L = {n['padded_tokens']:,})"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,10 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         result = measure(args, Path(tmp))
     result["provenance"] = provenance()
     write_json(args.out, result)
-    e = result["engines"]
-    print(json.dumps({k: round(v["tokens_per_s"], 1) for k, v in e.items()}), "ratio",
-          result["ratio_vllm_over_hf"], "update_ms", result["update_ms"], "vllm", result["vllm_options"]["effective"],
-          [(s["label"], round(s["median_ms"], 1)) for s in result["weight_sync"]])
+    print("\n".join(summary_lines(result)))
     return 0
 
 

@@ -23,6 +23,10 @@ def test_tiny_bench_feeds_the_docs(tmp_path):
     # 2 prompts x 4 samples, at most 16 new tokens each
     assert r["batch"]["sequences"] == 8 and 8 <= hf["completion_tokens"] <= 8 * 16
     assert abs(hf["tokens_per_s"] - hf["completion_tokens"] / (hf["median_ms"] / 1e3)) < 1e-6 * hf["tokens_per_s"]
+    # lengths fixed: every target is the cap; HF's static batch computes 8 rows x its longest row
+    assert r["lengths"]["mode"] == "fixed" and not r["lengths"]["emulated"]
+    assert (r["lengths"]["useful_tokens"], r["lengths"]["padded_tokens"], r["lengths"]["max"]) == (128, 128, 16)
+    assert hf["computed_tokens"] % 8 == 0 and hf["completion_tokens"] <= hf["computed_tokens"] <= 8 * 16
     assert r["ratio_vllm_over_hf"] is None and r["update_ms"] > 0
     full, lora = r["weight_sync"]
     n_params = r["model"]["n_params"]
