@@ -20,6 +20,7 @@ from scalelab.grpo.parts import prepare_policy, prompt_seed, sampling_for_prompt
 from scalelab.grpo.rollout import HFGenerateEngine, SamplingParams
 from scalelab.grpo.telemetry import StepTiming
 from scalelab.grpo.train import optimizer_step, train
+from tests.grpo.test_train import Crash, crash_at
 from tests.grpo.tiny import tiny_llama, tiny_tokenizer
 
 
@@ -210,15 +211,6 @@ def test_two_processes_equal_one_process(model_dir, one_process, tmp_path):
     assert RunDir(cfg.run_dir).read("predictions.json")["world_size"] == 2
 
 
-class Crash(Exception):
-    pass
-
-
-def crash_at(step: int):
-    def log(line: str) -> None:
-        if line.startswith(f"step {step:4d}"):
-            raise Crash(line)
-    return log
 
 
 @pytest.mark.slow

@@ -4,18 +4,16 @@ resume == uninterrupted, DDP / FSDP2 (2 gloo processes) == 1 process; config err
 from __future__ import annotations
 
 import math
-import signal
-import time
 
 import pytest
 import torch
 
 from scalelab.core.config import ConfigError
-from scalelab.core.jsonio import iter_jsonl
 from scalelab.pretrain import train_gpt
 from scalelab.pretrain.config import load_pretrain_config
 from scalelab.pretrain.muon import NS_COEFFS, Muon, newton_schulz, orthogonalize, shape_scale, split_params
-from tests.pretrain.test_train_gpt import TINY, VOCAB, data_dir, losses, make_cfg, run_script  # noqa: F401
+from tests.pretrain.test_train_gpt import (TINY, VOCAB, data_dir, kill_and_resume, losses,  # noqa: F401
+                                          make_cfg)
 
 MUON = ["train.optimizer=\"muon\"", "optim.muon_lr=0.02"]
 
@@ -118,21 +116,7 @@ def test_muon_tiny_run_loss_falls(data_dir, tmp_path):  # noqa: F811
 
 
 def test_muon_resume_after_kill_equals_uninterrupted(data_dir, tmp_path):  # noqa: F811
-    extra = [*MUON, "train.max_steps=24", "train.checkpoint_every=4", "train.val_every=8"]
-    full = make_cfg(data_dir, tmp_path / "full", *extra)
-    train_gpt.train(full)
-    killed = make_cfg(data_dir, tmp_path / "killed", *extra)
-    proc = run_script(killed)
-    deadline = time.time() + 120
-    while time.time() < deadline and not any(r["event"] == "checkpoint" and r["step"] >= 8
-                                             for r in iter_jsonl(killed.run_dir / "metrics.jsonl")):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = losses(killed.run_dir)
-    assert 8 <= max(done) < 24, "the kill must land mid-run"
-    train_gpt.train(killed)  # resumes: model, Muon momentum and AdamW moments from the checkpoint
-    assert any(r["event"] == "resume" for r in iter_jsonl(killed.run_dir / "metrics.jsonl"))
+    full, killed = kill_and_resume(data_dir, tmp_path, *MUON)  # model, Muon momentum and AdamW moments restored
     assert losses(killed.run_dir) == losses(full.run_dir)
     assert losses(killed.run_dir, "val", "val_loss") == losses(full.run_dir, "val", "val_loss")
     state = torch.load(killed.run_dir / "checkpoint.pt", weights_only=True)
@@ -145,22 +129,6 @@ def test_lr_ratio_gives_muon_its_own_peak(data_dir, tmp_path):  # noqa: F811
     opt = train_gpt.make_optimizer(train_gpt.GPT(cfg.model), cfg, torch.device("cpu"))
     ratios = sorted(g["lr_ratio"] for g in opt.param_groups)
     assert ratios == [1.0, 1.0, pytest.approx(50.0), pytest.approx(50.0)]  # 2 AdamW groups, 2 Muon groups
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-def test_muon_two_process_equals_one(data_dir, tmp_path, parallel):  # noqa: F811
-    common = [*MUON, "train.max_steps=4", "train.micro_batch_size=2", "train.val_every=2"]
-    one = make_cfg(data_dir, tmp_path / "one", *common, "train.total_batch_tokens=64")  # 1 proc, accum 2
-    two = make_cfg(data_dir, tmp_path / parallel, *common, f"train.parallel=\"{parallel}\"")  # 2 procs x 2 seqs
-    train_gpt.train(one)
-    proc = run_script(two, nproc=2)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    a, b = losses(one.run_dir), losses(two.run_dir)
-    assert len(a) == 4 and a.keys() == b.keys()
-    for step in a:  # bf16 Newton-Schulz: the same inputs give the same update on every rank
-        assert b[step] == pytest.approx(a[step], rel=1e-4)
 
 
 @pytest.mark.parametrize("override, message", [
