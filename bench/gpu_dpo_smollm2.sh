@@ -8,11 +8,14 @@
 #     WHEEL_DIR  wheels the GPU image lacks: trl, datasets, dill, multiprocess, tomli_w, gguf, lm_eval and its
 #                pure-Python dependencies (a pyarrow wheel there is skipped: the image has pyarrow)
 #   env: OUT (results folder, default /tmp/out), RUNS (sweep parent, default /tmp/dpo-runs), BUDGET_S (default 540),
-#        GPUS (default "0"; e.g. "0 1": the battery processes are spread over them)
+#        GPUS (default "0"; e.g. "0 1": the battery processes are spread over them), PER_GPU (battery processes
+#        at once per GPU, default 3), SEED_FROM (an earlier sweep folder, e.g. results/h200/dpo/smollm2: its part
+#        records are copied in first; training is deterministic on one GPU type (a rerun's beta=0.1 adapter had
+#        the committed sha256), so the records of identical adapters and specs are reused, not measured again)
 # GPU memory: lm-eval scores a batch through full-vocabulary log-softmax over every position, so one MMLU 5-shot
 # batch (contexts up to ~1,500 tokens x 49,152 SmolLM2 logits, fp32) holds ~0.3 GB per request twice over:
 # battery.lm_eval_batch_size = 64 took ~60 GB per process and three processes on one H200 ran out of memory;
-# keep it at 16-32 with three processes per GPU.
+# keep it at 16-32 with three processes per GPU, or PER_GPU=2 at 64.
 # Schedule: the runs train one after another on the first GPU while the base model's battery runs on the last
 # one (it needs no adapter); then one `dpo battery --side tuned` process per run, round-robin over GPUS (MMLU
 # through lm-eval is bound by one CPU core per process, so runs side by side finish ~5x sooner); last, one
@@ -23,9 +26,13 @@
 # and pass --set battery.data_dir=... where the machine has no ../shared.
 set -uo pipefail
 GGUF=$1; WHL=$2; shift 2
-OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/dpo-runs}; BUDGET_S=${BUDGET_S:-540}; GPUS=(${GPUS:-0})
+OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/dpo-runs}; BUDGET_S=${BUDGET_S:-540}; GPUS=(${GPUS:-0}); PER_GPU=${PER_GPU:-3}
 SWEEP=$RUNS/smollm2; LOGS=$OUT/dpo-logs
 mkdir -p "$OUT" "$RUNS" "$LOGS"
+if [[ -n ${SEED_FROM:-} ]]; then  # an earlier sweep's battery records: those whose spec and adapter match are reused
+  (cd "$SEED_FROM" && find . -path '*battery*' -name '*.json' ! -name battery.json -print0 \
+     | tar --null -T - -cf -) | { mkdir -p "$SWEEP" && tar -C "$SWEEP" -xf -; }
+fi
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if ! PYTHONPATH=/tmp/site python3 -c "import trl, lm_eval, gguf, tomli_w" 2>/dev/null; then
   wheels=()
@@ -55,6 +62,10 @@ battery_side() {  # $1 = run folder, $2 = side, $3 = GPU, then --set overrides
   echo "battery $side $(basename "$run") on GPU $gpu: exit $rc"
 }
 
+free_gpu() {  # the first GPU running fewer than PER_GPU battery processes, or nothing
+  local g; for g in "${GPUS[@]}"; do (( load[$g] < PER_GPU )) && { echo "$g"; return; }; done
+}
+
 base_battery() {  # as soon as the first run folder has its config: the base side on the last GPU
   local first=$SWEEP/dpo-beta0.05
   until [[ -f $first/config.toml && -f $first/metrics.jsonl ]]; do (( $(left) > 20 )) || return 124; sleep 5; done
@@ -66,12 +77,18 @@ base_battery() {  # as soon as the first run folder has its config: the base sid
   base_battery "$@" & base_pid=$!
   sweep dpo 0.05,0.1,0.3 "$@" && sweep ipo,orpo 0.1 "$@"
   echo "sweep exit=$? at $(( BUDGET_S - $(left) ))s"
-  i=0; pids=()
+  declare -A load gpu_of; for g in "${GPUS[@]}"; do load[$g]=0; done
+  gpu_of[$base_pid]=${GPUS[-1]}; load[${GPUS[-1]}]=1
   for run in "$SWEEP"/dpo-beta0.05 "$SWEEP"/dpo-beta0.1 "$SWEEP"/dpo-beta0.3 "$SWEEP"/ipo-beta0.1 "$SWEEP"/orpo-beta0.1; do
     [[ -f $run/adapter/adapter_model.safetensors ]] || { echo "no adapter yet: $run"; continue; }
-    battery_side "$run" tuned "${GPUS[$(( i % ${#GPUS[@]} ))]}" "$@" & pids+=($!); i=$(( i + 1 ))
+    gpu=$(free_gpu)
+    while [[ -z $gpu ]]; do  # every GPU holds PER_GPU battery processes: wait for one to end
+      wait -n -p ended; [[ -n ${gpu_of[$ended]:-} ]] && load[${gpu_of[$ended]}]=$(( load[${gpu_of[$ended]}] - 1 ))
+      gpu=$(free_gpu)
+    done
+    battery_side "$run" tuned "$gpu" "$@" & gpu_of[$!]=$gpu; load[$gpu]=$(( load[$gpu] + 1 ))
   done
-  wait "$base_pid" "${pids[@]}"
+  wait
   echo "batteries done at $(( BUDGET_S - $(left) ))s"
   t=$(left)
   (( t > 20 )) && CUDA_VISIBLE_DEVICES=${GPUS[0]} timeout "$t" python3 -m scalelab.cli dpo battery "$SWEEP" "$@" \
