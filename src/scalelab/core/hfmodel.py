@@ -12,7 +12,6 @@ so the ~15-80 s dequantization happens once per machine and later loads take abo
 from __future__ import annotations
 
 import copy
-import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +22,8 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
+
+from scalelab.core.filelock import file_lock
 
 CACHE_ENV = "SCALELAB_CACHE"
 SOURCE_FILE = "scalelab_source.json"  # written into a cached folder: where its weights came from
@@ -141,10 +142,8 @@ def cached_gguf_folder(gguf: str | Path, cache_dir: str | Path | None = None) ->
     out = Path(cache_dir or default_cache_dir()) / "models" / digest[:16]
     if (out / SOURCE_FILE).is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
     # jobs started side by side (a DPO sweep beside GRPO runs) convert once: the others wait, then reuse it
-    with open(out.parent / f"{digest[:16]}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(out.parent / f"{digest[:16]}.lock"):
         if (out / SOURCE_FILE).is_file():
             return out
         t0 = time.perf_counter()

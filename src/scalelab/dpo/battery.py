@@ -21,15 +21,15 @@ Events "battery_part" and "battery_end" go to the run's metrics.jsonl.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from scalelab.core.config import to_dict
+from scalelab.core.filelock import file_lock
 from scalelab.core.jsonio import read_json, write_json
 from scalelab.core.rundir import RunDir
 from scalelab.dpo import battery_stats as stats
@@ -252,20 +252,11 @@ MEASURE: dict[str, Callable[[Part, Side], dict]] = {
     "lm_eval": measure_lm_eval, "generation": measure_generation, "mtbench": measure_mtbench}
 
 
-@contextlib.contextmanager
-def part_lock(path: Path) -> Iterator[float]:
+def part_lock(path: Path) -> contextlib.AbstractContextManager[float]:
     """Exclusive lock on one part record, held while it is measured, so battery processes running at once over
     one sweep (e.g. one per GPU) measure a shared base part once: the others wait, then reuse the record.
     Yields the seconds spent waiting. The lock files live in <folder>/.locks/."""
-    lock = path.parent / ".locks" / f"{path.stem}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as fh:
-        t0 = time.perf_counter()
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield time.perf_counter() - t0
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return file_lock(path.parent / ".locks" / f"{path.stem}.lock")
 
 
 def run_part(part: Part, side: Side, rd: RunDir) -> dict:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import json
 import socket
 import tempfile
@@ -31,10 +30,11 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from scalelab.core.filelock import file_lock
 from scalelab.core.hfgen import left_pad, stop_token_ids
 from scalelab.grpo.config import ENGINE_SYNC_METHODS
 from scalelab.grpo.weightsync import base_model, write_model_folder
@@ -402,21 +402,15 @@ def vllm_effective_options(llm: Any) -> dict:
             "model_runner_v2": _read(cfg, "use_v2_model_runner")}
 
 
-@contextlib.contextmanager
-def engine_start_lock(folder: Path = Path(tempfile.gettempdir()) / "scalelab-locks") -> Iterator[None]:
+def engine_start_lock(folder: Path = Path(tempfile.gettempdir()) / "scalelab-locks"
+                      ) -> contextlib.AbstractContextManager[float]:
     """One vLLM engine at a time starts on this host. vLLM sizes its KV cache from the GPU memory that changed
     while it profiled, so engines starting side by side (a study's runs sharing a GPU) count each other's
     allocations as their own: on an H200, SmolLM2 runs started together (5, then 3 at once) at
     gpu_memory_utilization 0.1 and then 0.2 found "No available memory for the cache blocks" (-0.34 GiB); one
     at a time, they all started. Runs already training still allocate while a later one profiles, so several
     runs on one GPU keep a margin in gpu_memory_utilization."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "vllm-engine-start.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return file_lock(folder / "vllm-engine-start.lock")
 
 
 class VLLMColocatedEngine:

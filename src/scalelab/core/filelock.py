@@ -1,0 +1,24 @@
+"""An exclusive lock on a file, for processes of one host that share a folder: a DPO battery's shared base
+records, a GGUF conversion in the model cache, vLLM engine starts. flock locks belong to an open file, so
+threads that open the file apart exclude each other too; the kernel drops the lock when its holder dies."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import time
+from pathlib import Path
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path) -> Iterator[float]:
+    """Hold an exclusive lock on `path` (created with its folder if missing); yields the seconds spent waiting."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        t0 = time.perf_counter()
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield time.perf_counter() - t0
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
