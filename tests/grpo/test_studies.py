@@ -125,6 +125,8 @@ def test_seeds_study_end_to_end(tmp_path):
     per = agg["metrics"]["greedy_pass1"]["per_seed"]
     assert [r["delta"] for r in per] == pytest.approx([100 * s["delta"] for s in seeds])
     assert "| 0 |" in md.read_text() and "Across 2 seeds" in md.read_text()
+    from scalelab.core.provenance import git_sha
+    assert agg["provenance"]["git_sha"] == git_sha() and "pytest" in agg["provenance"]["command"]
 
 
 @pytest.mark.slow

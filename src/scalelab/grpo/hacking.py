@@ -23,14 +23,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from scalelab.core.jsonio import write_json
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import load_grpo_config
 from scalelab.grpo.plots import figure, finish, length_histograms, save
 from scalelab.grpo.report import (CORRECTNESS_KEY, HackFlag, MonitorThresholds, component_series, last_per_step,
                                   monitor_flags, quarter_lengths, quarter_means)
 from scalelab.grpo.stalestudy import heldout_headline
-from scalelab.grpo.study import Trainer, Variant, run_variants, study_dir
+from scalelab.grpo.study import Trainer, Variant, run_variants, study_dir, write_study_json
 
 
 def arm_overrides(exploit: str, defense: str, target_chars: int, weight: float) -> tuple[str, ...]:
@@ -145,7 +144,7 @@ def hacking_study(config: str | Path | None, overrides: Sequence[str], exploit: 
     arms, lengths = [a for a, _ in collected], {a.name: ls for a, ls in collected}
     v = verdict(arms[0], arms[1])
     where = study_dir(cfg)
-    write_json(where / "hacking.json", {"name": cfg.run.name, "exploit": exploit, "defense": "gate",
+    write_study_json(where / "hacking.json", {"name": cfg.run.name, "exploit": exploit, "defense": "gate",
                                         "target_chars": target, "exploit_weight": weight,
                                         "arms": [asdict(a) for a in arms], "lengths": lengths,
                                         "verdict": asdict(v)})

@@ -10,10 +10,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
-from scalelab.core.jsonio import read_json, write_json
+from scalelab.core.jsonio import read_json
 from scalelab.grpo.config import load_grpo_config
 from scalelab.grpo.passk import seed_interval
-from scalelab.grpo.study import Trainer, Variant, run_variants, study_dir
+from scalelab.grpo.study import Trainer, Variant, run_variants, study_dir, write_study_json
 
 METRICS = (("greedy_pass1", "greedy pass@1"), ("sampled_pass1", "sampled pass@1"))
 
@@ -92,7 +92,7 @@ def seeds_study(config: str | Path | None, overrides: Sequence[str], seeds: Sequ
     cfg = load_grpo_config(config, overrides)
     agg = aggregate(per_seed, cfg.eval.confidence, goal_points)
     where = study_dir(cfg)
-    write_json(where / "seeds.json", {**agg, "runs": {s: str(r.run_dir) for s, r in zip(seeds, runs)}})
+    write_study_json(where / "seeds.json", {**agg, "runs": {s: str(r.run_dir) for s, r in zip(seeds, runs)}})
     out = where / "seeds.md"
     out.write_text(render_markdown(agg, cfg.run.name))
     return out

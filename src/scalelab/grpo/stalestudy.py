@@ -17,12 +17,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from scalelab.core.jsonio import write_json
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import load_grpo_config
 from scalelab.grpo.plots import figure, finish, save
 from scalelab.grpo.report import last_per_step, quarter_means
-from scalelab.grpo.study import Trainer, Variant, run_variants, study_dir
+from scalelab.grpo.study import Trainer, Variant, run_variants, study_dir, write_study_json
 
 SERIES = (("reward_mean", "mean reward"), ("loss", "loss"), ("kl_mean", "KL to reference (k3, nats/token)"),
           ("behavior_mismatch_k3", "behaviour vs current policy (k3, nats/token)"))
@@ -128,7 +127,7 @@ def staleness_study(config: str | Path | None, overrides: Sequence[str], ks: Seq
     rows = [collect(r.run_dir) for r in runs]
     cfg = load_grpo_config(config, overrides)
     where = study_dir(cfg)
-    write_json(where / "staleness.json", {"name": cfg.run.name, "variants": rows})
+    write_study_json(where / "staleness.json", {"name": cfg.run.name, "variants": rows})
     plot_curves(rows, where / "figures" / "staleness_curves.png")
     plot_final(rows, where / "figures" / "staleness_final.png")
     out = where / "staleness.md"

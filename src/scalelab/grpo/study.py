@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from scalelab.core.config import dump_toml
-from scalelab.core.jsonio import read_json
+from scalelab.core.jsonio import read_json, write_json
+from scalelab.core.provenance import git_sha
 from scalelab.grpo.config import GrpoConfig, load_grpo_config
 from scalelab.grpo.heldout import base_key, eval_dir, load_eval
 
@@ -41,6 +42,12 @@ class VariantRun:
 def study_dir(cfg: GrpoConfig) -> Path:
     """<run.out_dir>/<run.name>: the study's variants are run folders below it."""
     return Path(cfg.run.out_dir) / cfg.run.name
+
+
+def write_study_json(path: Path, data: dict) -> None:
+    """A study's aggregate (seeds.json, staleness.json, hacking.json) with the git sha and command that wrote
+    it; each variant's run folder keeps its own provenance.json."""
+    write_json(path, {**data, "provenance": {"git_sha": git_sha(), "command": " ".join(sys.argv)}})
 
 
 def variant_config(config: str | Path | None, overrides: Sequence[str], where: Path, v: Variant) -> GrpoConfig:
