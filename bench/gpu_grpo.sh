@@ -23,10 +23,12 @@
 #                    (default .grpo-gpu/whl:.gpu-carry/whl)
 #          STEPS     override train.max_steps of the studies; KS (default 0,1,2,4,8); IS=1; JOBS (runs at once)
 #          HACK_TOKENS (default 160), TARGET_CHARS (default 2 x HACK_TOKENS): the hacking study's cap and length target
-#          VARIANTS  space-separated <P>x<G>-<kind>[-lognormal[CAP]], kind: dict (logprobs as a dict per token,
-#                    vLLM's default CUDA graphs: the setup before), flat (FlatLogprobs), flat-graphs (flat + CUDA
-#                    graphs up to P*G sequences). UPDATE_VARIANT (default: the first of VARIANTS; 'none') also
-#                    times the update and the weight syncs; the others skip them to save time. NEW = max
+#          VARIANTS  space-separated <P>x<G>-<kind>[-mp][-lognormal[CAP]], kind: dict (logprobs as a dict per
+#                    token, vLLM's default CUDA graphs: the setup before), flat (FlatLogprobs), flat-graphs (flat +
+#                    CUDA graphs up to P*G sequences); -mp: vLLM's engine core in its own process
+#                    (rollout.server.engine_core=subprocess; syncs by CUDA IPC). UPDATE_VARIANT (default:
+#                    the first of VARIANTS; 'none') also times the update and the weight syncs; the others
+#                    skip them to save time. NEW = max
 #                    new tokens (default 256); every sequence runs to it (random weights emit no EOS).
 #                    -lognormal[CAP]: emulated long-tailed response lengths instead (the bench's --lengths
 #                    lognormal): one length per sequence, lognormal with mean LN_MEAN (default 256) and sigma
@@ -128,11 +130,12 @@ variant_args() {  # $1 = <P>x<G>-<kind>[-lognormal[CAP]]: the bench flags of tha
     kind=${kind%-lognormal*}
     echo --lengths lognormal --length-mean "${LN_MEAN:-256}" --length-sigma "${LN_SIGMA:-0.6}"
   fi
+  if [[ $kind == *-mp ]]; then kind=${kind%-mp}; echo --engine-core subprocess; fi
   case $kind in
     dict) echo --no-flat-logprobs ;;
     flat) ;;
     flat-graphs) echo --cudagraph-max $((p * g)) ;;
-    *) echo "variant $1: kind $kind; allowed: dict flat flat-graphs, each optionally -lognormal[CAP]" >&2
+    *) echo "variant $1: kind $kind; allowed: dict flat flat-graphs, each optionally -mp, then -lognormal[CAP]" >&2
        return 2 ;;
   esac
 }
@@ -143,12 +146,12 @@ import json, sys
 from pathlib import Path
 folder, names = Path(sys.argv[1]), sys.argv[2:]
 names += sorted(f.stem for f in folder.glob("*.json") if f.stem not in names)
-print("| variant | seqs | hf tok/s | vllm tok/s | vllm/hf | vllm call / generate ms | flat | graphs up to |")
-print("|---|---:|---:|---:|---:|---:|---|---:|")
+print("| variant | seqs | hf tok/s | vllm tok/s | vllm/hf | vllm call / generate ms | flat | graphs up to | core |")
+print("|---|---:|---:|---:|---:|---:|---|---:|---|")
 for name in names:
     f = folder / f"{name}.json"
     if not f.is_file():
-        print(f"| {name} | not measured | | | | | | |")
+        print(f"| {name} | not measured | | | | | | | |")
         continue
     r = json.loads(f.read_text())
     hf, v = r["engines"]["hf"], r["engines"].get("vllm_colocated")
@@ -157,7 +160,8 @@ for name in names:
     calls = f"{v['median_call_ms']:,.0f} / {v['median_ms']:,.0f}" if v else "-"
     ratio = f"{r['ratio_vllm_over_hf']:.2f}" if r.get("ratio_vllm_over_hf") else "-"
     print(f"| {name} | {r['batch']['sequences']} | {hf['tokens_per_s']:,.0f} | {vt} | {ratio} | {calls} | "
-          f"{eff.get('flat_logprobs', '-')} | {eff.get('max_cudagraph_capture_size', '-')} |")
+          f"{eff.get('flat_logprobs', '-')} | {eff.get('max_cudagraph_capture_size', '-')} | "
+          f"{eff.get('engine_core', 'inprocess')} |")
 EOF
 }
 

@@ -121,7 +121,8 @@ def grpo_config(args: argparse.Namespace, engine: str):
         f"rollout.server.max_model_len={args.max_model_len}", f"rollout.server.enforce_eager={str(args.eager).lower()}",
         f"rollout.server.max_num_seqs={args.max_num_seqs}",
         f"rollout.server.max_cudagraph_capture_size={args.cudagraph_max}",
-        f"rollout.server.flat_logprobs={str(not args.no_flat_logprobs).lower()}", "optim.lr=1e-6"])
+        f"rollout.server.flat_logprobs={str(not args.no_flat_logprobs).lower()}",
+        f"rollout.server.engine_core={args.engine_core}", "optim.lr=1e-6"])
 
 
 def build(name: str, model: torch.nn.Module, tokenizer: object, args: argparse.Namespace, method: str,
@@ -404,7 +405,8 @@ def vllm_options(args: argparse.Namespace, vllm: object) -> dict:
     """The options asked for (0 = vLLM's default) and, when vLLM ran, the values it resolved them to."""
     asked = {"max_num_seqs": args.max_num_seqs, "max_cudagraph_capture_size": args.cudagraph_max,
              "flat_logprobs": not args.no_flat_logprobs, "enforce_eager": args.eager,
-             "gpu_memory_utilization": args.gpu_memory_utilization, "max_model_len": args.max_model_len}
+             "gpu_memory_utilization": args.gpu_memory_utilization, "max_model_len": args.max_model_len,
+             "engine_core": args.engine_core}
     return {"requested": asked, "effective": vllm.describe() if vllm is not None else None}
 
 
@@ -480,6 +482,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "above 512 sequences then decode without CUDA graphs)")
     p.add_argument("--no-flat-logprobs", action="store_true",
                    help="vLLM's dict + Logprob object per token instead of FlatLogprobs (the old path)")
+    p.add_argument("--engine-core", choices=("inprocess", "subprocess"), default="inprocess",
+                   help="where vLLM's engine core runs (rollout.server.engine_core)")
     p.add_argument("--no-update", action="store_true", help="skip the update timing")
     p.add_argument("--no-sync", action="store_true", help="skip the weight-sync timings")
     p.add_argument("--seed", type=int, default=0)

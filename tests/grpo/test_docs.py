@@ -95,5 +95,5 @@ def test_other_bench_files_get_their_own_rows_and_the_goal_verdict(tmp_path):
     other["vllm_options"] = {"effective": {"flat_logprobs": True, "max_cudagraph_capture_size": 1024}}
     write_json(tmp_path / "variants" / "64x16-flat-graphs.json", other)
     text = write_docs(tmp_path, tmp_path / "docs" / "grpo.md").read_text()
-    assert "| variants/64x16-flat-graphs.json | 1,024 x 32 | 2,000 | 1,200 | 0.60 | True | 1024 |" in text
+    assert "| variants/64x16-flat-graphs.json | 1,024 x 32 | fixed | 2,000 | 1,200 | 0.60 | True | 1024 | inprocess |" in text
     assert "Best vLLM / HF ratio over these files: **4.00x**; goal >= 5x: not met." in text

@@ -15,7 +15,7 @@ from scalelab.core.config import ConfigError
 from scalelab.grpo.config import captured_size_below, load_grpo_config
 from scalelab.grpo.rollout import (EngineContext, EngineOutputError, SamplingParams, VLLMColocatedEngine,
                                    _server_spec, colocated_llm_kwargs, dict_sampled_logprobs, flat_sampled_logprobs,
-                                   sampled_logprobs, vllm_tuning_flags)
+                                   ipc_weight_chunks, load_ipc_weights, sampled_logprobs, vllm_tuning_flags)
 from scalelab.serve.engines import build_command
 
 
@@ -158,7 +158,69 @@ def test_generate_reads_either_form_the_same(fake_vllm, sampling_cls, asked, use
     assert batch.completion_ids == ((10, STOP), (11, STOP), (10, STOP), (11, STOP))  # cut after the stop token
     assert batch.logprobs == ((-0.25, -0.5), (-1.25, -1.5), (-0.25, -0.5), (-1.25, -1.5))
     assert batch.finished == (True,) * 4 and batch.texts == ("2",) * 4
-    assert e.describe() == {"flat_logprobs": used}  # a stand-in LLM has no llm_engine.vllm_config
+    assert e.describe() == {"flat_logprobs": used, "engine_core": "inprocess"}  # a stand-in LLM: no vllm_config
+
+
+class RpcLLM(FakeLLM):
+    """A stand-in LLM whose collective_rpc runs the function on a stand-in worker, as vLLM's engine core would
+    after unpickling it, and which records what was loaded."""
+    def __init__(self, model: str, **kwargs):
+        super().__init__(model, **kwargs)
+        self.loaded, self.calls, self.resets = {}, 0, 0
+        self.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
+            get_model=lambda: types.SimpleNamespace(load_weights=lambda ws: self.loaded.update(
+                {n: t.clone() for n, t in ws}))))
+
+    def collective_rpc(self, fn, args=()):
+        self.calls += 1
+        return [fn(self.worker, *args)]
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+
+
+@pytest.mark.parametrize("core,env", [("inprocess", "0"), ("subprocess", "1")])
+def test_engine_core_sets_vllms_process_mode(fake_vllm, monkeypatch, core, env):
+    fake_vllm(NewSampling)
+    e = VLLMColocatedEngine(Path("/nonexistent"), lambda ids: "x", [STOP], torch.bfloat16, {}, engine_core=core)
+    import os
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == env and e.describe()["engine_core"] == core
+
+
+def test_subprocess_sync_moves_every_weight_through_handles_in_bounded_chunks(fake_vllm, monkeypatch):
+    fake_vllm(NewSampling)
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=RpcLLM, SamplingParams=NewSampling))
+    # CPU tensors share through files here (CUDA tensors through cudaIpcMemHandles on the GPU): the same
+    # reduce/rebuild path, which pickles without a multiprocessing spawn in progress
+    import torch.multiprocessing as tmp
+    old = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system")
+    try:
+        e = VLLMColocatedEngine(Path("/nonexistent"), lambda ids: "x", [STOP], torch.bfloat16, {},
+                                engine_core="subprocess")
+        weights = {f"layer{i}.weight": torch.full((64, 64), float(i)) for i in range(5)}  # 16 KiB each
+        chunks = list(ipc_weight_chunks(weights.items(), max_bytes=40_000))
+        assert [len(c.tensors) for c in chunks] == [3, 2]  # 3 x 16 KiB crosses 40 kB, then the rest
+        e.load_named_weights(iter(weights.items()))
+    finally:
+        tmp.set_sharing_strategy(old)
+    assert e.llm.calls == 1 and e.llm.resets == 1  # 80 KiB: one chunk at the default 512 MiB bound
+    assert set(e.llm.loaded) == set(weights)
+    assert all(torch.equal(e.llm.loaded[n], t) for n, t in weights.items())
+
+
+def test_load_ipc_weights_falls_back_to_the_runners_model_attribute():
+    import pickle
+    got = []
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
+        model=types.SimpleNamespace(load_weights=lambda ws: got.extend(ws))))
+    blob = pickle.dumps([("w", torch.tensor, ([1.0, 2.0],))])  # any (rebuild, args) pair rebuilds the same way
+    assert load_ipc_weights(worker, blob) == 1 and got[0][0] == "w" and torch.equal(got[0][1], torch.tensor([1., 2.]))
+
+
+def test_engine_core_must_be_known():
+    with pytest.raises(ConfigError, match="rollout.server.engine_core"):
+        load_grpo_config(None, ["rollout.server.engine_core=\"thread\""])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +291,8 @@ def test_bench_records_asked_options_and_skips_syncs(tmp_path):
     r = read_json(out)
     assert r["vllm_options"]["requested"] == {"max_num_seqs": 64, "max_cudagraph_capture_size": 64,
                                               "flat_logprobs": False, "enforce_eager": False,
-                                              "gpu_memory_utilization": 0.35, "max_model_len": 1024}
+                                              "gpu_memory_utilization": 0.35, "max_model_len": 1024,
+                                              "engine_core": "inprocess"}
     assert r["vllm_options"]["effective"] is None and r["weight_sync"] == [] and r["update_ms"] is None
     hf = r["engines"]["hf"]
     assert r["baseline"] == "hf" and hf["median_call_ms"] >= hf["median_ms"] > 0

@@ -127,6 +127,12 @@ class ServerConfig:
            "vs HF generate's 7.4 s, while 256 sequences ran 2x faster than HF (bench/gpu_grpo.sh variants "
            "measures setting it to the step's P*G). Must be "
            "a size vLLM captures: 1, 2, 4, a multiple of 8 below 256, a multiple of 16 from 256", ge=0)
+    engine_core: Literal["inprocess", "subprocess"] = param(
+        "inprocess", "colocated engine: where vLLM's engine core (scheduler + model runner) runs. inprocess: in "
+                     "the trainer's process, so every decode step's scheduling and output handling sit on the "
+                     "trainer's thread between GPU steps, and weights load through apply_model; subprocess: "
+                     "vLLM's own child process on the same GPU, which overlaps that CPU work with the GPU "
+                     "(VLLM_ENABLE_V1_MULTIPROCESSING=1), and weights move as CUDA IPC handles, no copy")
     flat_logprobs: bool = param(
         True, "colocated engine: ask vLLM for FlatLogprobs (a few flat lists per sequence) instead of a dict and a "
               "Logprob object per generated token, built on the decode loop's thread since the engine core runs "

@@ -222,17 +222,30 @@ def _more_benches(d: DocInputs, goal: float = 5.0) -> list[str]:
         eff = (b.get("vllm_options") or {}).get("effective") or {}
         ratio = b.get("ratio_vllm_over_hf")
         ratios += [ratio] if ratio else []
-        rows.append(f"| {path} | {b['batch']['sequences']:,} x {b['batch']['max_new_tokens']} | "
+        rows.append(f"| {path} | {b['batch']['sequences']:,} x {b['batch']['max_new_tokens']} | {_lengths(b)} | "
                     f"{hf['tokens_per_s']:,.0f} | {v['tokens_per_s']:,.0f} | {ratio:.2f} | "
-                    f"{eff.get('flat_logprobs', '-')} | {eff.get('max_cudagraph_capture_size', '-')} |"
-                    if v else f"| {path} | {b['batch']['sequences']:,} | {hf['tokens_per_s']:,.0f} | - | - | - | - |")
+                    f"{eff.get('flat_logprobs', '-')} | {eff.get('max_cudagraph_capture_size', '-')} | "
+                    f"{eff.get('engine_core', 'inprocess')} |"
+                    if v else f"| {path} | {b['batch']['sequences']:,} | {_lengths(b)} | {hf['tokens_per_s']:,.0f} | "
+                              "- | - | - | - | - |")
     best = max(ratios) if ratios else None
     verdict = ("" if best is None else f" Best vLLM / HF ratio over these files: **{best:.2f}x**; goal >= {goal:g}x: "
                f"{'met' if best >= goal else 'not met'}.")
     return ["Other batches and vLLM settings (each file measures HF `generate` again as its own baseline; "
             "'-' = vLLM's default or not recorded)." + verdict, "",
-            "| file | sequences x new tokens | HF tok/s | vLLM tok/s | vLLM / HF | flat logprobs | CUDA graphs up to |",
-            "|---|---:|---:|---:|---:|---|---:|", *rows, ""]
+            "Lengths 'fixed': every sequence runs to the cap; 'lognormal': emulated long-tailed lengths (mean, "
+            "max / mean), HF generating each batch to its longest and counting useful tokens only.", "",
+            "| file | sequences x new tokens | lengths | HF tok/s | vLLM tok/s | vLLM / HF | flat logprobs | "
+            "CUDA graphs up to | engine core |",
+            "|---|---:|---|---:|---:|---:|---|---:|---|", *rows, ""]
+
+
+def _lengths(bench: dict) -> str:
+    """How a bench drew its response lengths: 'fixed', or the mode with mean and max/mean of the drawn lengths."""
+    ln = bench.get("lengths") or {}
+    if not ln.get("emulated"):
+        return "fixed"
+    return f"{ln['mode']} (mean {ln['mean']:.0f}, max/mean {ln['max_over_mean']:.1f})"
 
 
 def _sync_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:

@@ -418,18 +418,29 @@ class VLLMColocatedEngine:
     the model's own `load_weights` (the loader vLLM uses for checkpoints), with no file and no copy to CPU.
     GPU only: vLLM for CPU runs as a separate server here (its own venv).
 
-    The engine core runs in this process, so vLLM's per-token output work (detokenizing, logprob containers)
-    sits on the decode loop's thread: detokenize=False and flat logprobs keep it to a few lists per sequence."""
+    With engine_core='inprocess' the engine core runs in this process, so vLLM's per-step scheduling and output
+    work (logprob containers, request bookkeeping) sits on the decode loop's thread: detokenize=False and flat
+    logprobs keep it to a few lists per sequence. With 'subprocess' vLLM runs its engine core in a child process
+    on the same GPU, overlapping that CPU work with the GPU; the weights then cross the process boundary as CUDA
+    IPC handles (ipc_weight_chunks), so the sync still copies nothing through the host."""
     name = "vllm_colocated"
     sync_methods = ENGINE_SYNC_METHODS["vllm_colocated"]
 
     def __init__(self, model_dir: Path, decode: Callable[[Sequence[int]], str], stop_ids: Sequence[int],
                  weights_dtype: torch.dtype, llm_kwargs: dict, weights_version: int = 0, flat_logprobs: bool = True,
-                 decode_batch: Callable[[list[list[int]]], list[str]] | None = None):
+                 decode_batch: Callable[[list[list[int]]], list[str]] | None = None,
+                 engine_core: str = "inprocess"):
         import os
         if not torch.cuda.is_available():
             raise RuntimeError("rollout.engine 'vllm_colocated' needs a CUDA GPU; on CPU use 'vllm_server'")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+        if engine_core not in ("inprocess", "subprocess"):
+            raise ValueError(f"rollout.server.engine_core {engine_core!r}; allowed: 'inprocess', 'subprocess'")
+        self.engine_core = engine_core
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if engine_core == "subprocess" else "0"
+        if engine_core == "subprocess":
+            # collective_rpc pickles the weight-loading function to the engine core over vLLM's local socket
+            # between this process and its own child; nothing listens on the network.
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         from vllm import LLM
         from vllm import SamplingParams as VllmSampling
         with engine_start_lock():
@@ -469,18 +480,70 @@ class VLLMColocatedEngine:
                             tuple(fins), ms, self.weights_version, self.name)
 
     def describe(self) -> dict:
-        return {"flat_logprobs": self.flat_logprobs, **vllm_effective_options(self.llm)}
+        return {"flat_logprobs": self.flat_logprobs, "engine_core": self.engine_core,
+                **vllm_effective_options(self.llm)}
 
     def load_named_weights(self, named: Any) -> None:
-        weights = list(named)
-        if hasattr(self.llm, "apply_model"):  # in-process engine core: the closure is called, not pickled
-            self.llm.apply_model(lambda model: model.load_weights(weights))
+        if self.engine_core == "subprocess":
+            for chunk in ipc_weight_chunks(named):
+                self.llm.collective_rpc(load_ipc_weights, args=(chunk.blob,))
+                del chunk  # the worker has loaded (copied) it: the sender's tensors may go
         else:
-            self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(weights)
+            weights = list(named)
+            if hasattr(self.llm, "apply_model"):  # in-process engine core: the closure is called, not pickled
+                self.llm.apply_model(lambda model: model.load_weights(weights))
+            else:
+                self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(weights)
         self.llm.reset_prefix_cache()  # KV blocks computed with the old weights must not be reused
 
     def close(self) -> None:
         del self.llm
+
+
+@dataclass
+class IpcChunk:
+    """Some weights as CUDA IPC handles (pickled), and the tensors they point into: the handles stay valid only
+    while the sender holds these."""
+    blob: bytes
+    tensors: list[torch.Tensor]
+
+
+def ipc_weight_chunks(named: Any, max_bytes: int = 1 << 29) -> Any:
+    """(name, tensor) pairs as IpcChunks of at most ~max_bytes each, so the merged copies held at once stay
+    bounded. torch's reduce_tensor gives, per tensor, a function and the arguments that rebuild it in another
+    process on the same GPU from a cudaIpcMemHandle (the mechanism torch.multiprocessing uses)."""
+    import pickle
+    from torch.multiprocessing.reductions import reduce_tensor
+    items, held, size = [], [], 0
+    for name, t in named:
+        t = t.contiguous()
+        items.append((name, *reduce_tensor(t)))
+        held.append(t)
+        size += t.numel() * t.element_size()
+        if size >= max_bytes:
+            _sync_cuda(held)  # the receiver reads these bytes on its own stream
+            yield IpcChunk(pickle.dumps(items), held)
+            items, held, size = [], [], 0
+    if items:
+        _sync_cuda(held)
+        yield IpcChunk(pickle.dumps(items), held)
+
+
+def _sync_cuda(tensors: list[torch.Tensor]) -> None:
+    if any(t.is_cuda for t in tensors):
+        torch.cuda.synchronize()
+
+
+def load_ipc_weights(worker: Any, blob: bytes) -> int:
+    """Runs in vLLM's worker (collective_rpc): rebuild the sender's tensors from their IPC handles and load them
+    through the model's own load_weights, as a checkpoint would be. Returns the number of tensors."""
+    import pickle
+    weights = [(name, rebuild(*args)) for name, rebuild, args in pickle.loads(blob)]
+    runner = worker.model_runner
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    model.load_weights(weights)
+    _sync_cuda([t for _, t in weights])  # copied before the sender is told it may free its tensors
+    return len(weights)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,7 +671,8 @@ def build_vllm_colocated(ctx: EngineContext) -> VLLMColocatedEngine:
     s = ctx.rollout.server
     return VLLMColocatedEngine(model_dir, _decode(ctx.tokenizer), stop_token_ids(ctx.policy, ctx.tokenizer),
                                dtype, colocated_llm_kwargs(s, dtype, ctx.seed), ctx.weights_version,
-                               flat_logprobs=s.flat_logprobs, decode_batch=_decode_batch(ctx.tokenizer))
+                               flat_logprobs=s.flat_logprobs, decode_batch=_decode_batch(ctx.tokenizer),
+                               engine_core=s.engine_core)
 
 
 ENGINES: dict[str, Callable[[EngineContext], Any]] = {
