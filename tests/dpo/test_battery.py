@@ -168,7 +168,11 @@ def test_evidence_rows_from_hand_made_battery():
     assert _by_prefix(results, "MMLU").value == pytest.approx(1.0)          # 50.0 -> 49.0 points
     assert _by_prefix(results, "length").value == pytest.approx(1.2)
     assert _by_prefix(results, "MT-Bench").detail == "no judge endpoint configured"
-    assert stats.evidence_block(hand_battery())["verdict"] == NOT_MEASURED  # never a pass while unmeasured
+    block = stats.evidence_block(hand_battery())  # the bar passes; MT-Bench, beside it, is named as unmeasured
+    assert block["verdict"] == PASS and block["not_measured_beside_bar"] == ["MT-Bench"]
+    no_target = hand_battery()
+    del no_target["comparisons"]["target"]
+    assert stats.evidence_block(no_target)["verdict"] == NOT_MEASURED  # a bar criterion unmeasured: never a pass
 
     failing = stats.evidence(hand_battery(target=(0.40, 0.45, -0.01, 0.11), mmlu=(0.50, 0.475),
                                           lengths=(10.0, 13.5)))

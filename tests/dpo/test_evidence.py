@@ -8,7 +8,7 @@ import pytest
 from scalelab.dpo.evidence import (FAIL, NOT_MEASURED, PASS, CriterionResult, EvidenceBar, LengthStats,
                                    PairedDifference, RunMetrics, compare_paired_binary, length_ratio,
                                    length_stats, mcnemar_exact_p, paired_bootstrap, paired_length_ratios,
-                                   render_evidence_table, verdict)
+                                   render_evidence_table, verdict, verdict_text)
 
 # ---------------------------------------------------------------------------------------------
 # lengths
@@ -175,8 +175,9 @@ def test_not_measured_is_never_a_pass():
     assert res["MT-Bench"].detail == "no capable judge"
     assert res["target improved (CI low > 0)"].status == NOT_MEASURED
     assert res["length ratio <= 1.3x"].value is None
-    assert verdict(list(res.values())) == NOT_MEASURED
-    assert verdict(EvidenceBar().evaluate(_metrics(not_measured={"MT-Bench": "no judge"}))) == NOT_MEASURED
+    assert verdict(list(res.values())) == NOT_MEASURED  # the target, a bar criterion, was not measured
+    beside = EvidenceBar().evaluate(_metrics(not_measured={"MT-Bench": "no judge"}))
+    assert verdict(beside) == PASS and verdict_text(beside) == "PASS; not measured: MT-Bench"
     assert verdict(EvidenceBar().evaluate(_metrics(ci_low=-0.1, not_measured={"MT-Bench": "x"}))) == FAIL
 
 
@@ -212,7 +213,8 @@ def test_render_evidence_table():
     assert lines[4].split(" | ")[1] == "PASS (1.20x (100.0 -> 120.0 tokens, hit limit 0% -> 4%))"
     # MT-Bench only measured (not) in orpo: the other runs show it as not measured too
     assert lines[5] == "| MT-Bench | not measured | not measured | not measured (no capable judge) |"
-    assert lines[6] == "| **verdict** | **not measured** | **FAIL** | **not measured** |"
+    # dpo passes the bar, MT-Bench named beside it; orpo lacks the bar's criteria, so it is not measured
+    assert lines[6] == "| **verdict** | **PASS; not measured: MT-Bench** | **FAIL** | **not measured** |"
     assert len(lines) == 7
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from scalelab.dpo.evidence import (
     CriterionResult, EvidenceBar, LengthStats, PairedBinaryComparison, PairedDifference, RunMetrics,
-    compare_paired_binary, length_stats, paired_bootstrap, paired_length_ratios, verdict,
+    compare_paired_binary, length_stats, paired_bootstrap, paired_length_ratios, unmeasured_extras, verdict,
 )
 
 MEASURED = "measured"
@@ -102,14 +102,14 @@ def lengths_block(base: Mapping[str, Sequence[LengthRecord]], tuned: Mapping[str
 
 
 def mtbench_criterion(mt: Mapping, max_drop: float) -> CriterionResult:
-    """The MT-Bench row: a measured score may drop by at most max_drop points (1-10 scale); without a capable
-    judge it is "not measured", which the verdict never counts as a pass."""
+    """The MT-Bench row, reported beside the bar: a measured score may drop by at most max_drop points (1-10
+    scale), else the verdict fails; without a capable judge it is "not measured" and named beside the verdict."""
     name = f"MT-Bench drop <= {max_drop:g}"
     if mt.get("status") != MEASURED or mt.get("base_mean") is None or mt.get("tuned_mean") is None:
-        return CriterionResult(name, None, max_drop, None, mt.get("reason") or "not run")
+        return CriterionResult(name, None, max_drop, None, mt.get("reason") or "not run", required=False)
     drop = mt["base_mean"] - mt["tuned_mean"]
     detail = f"drop {drop:.2f} ({mt['base_mean']:.2f} -> {mt['tuned_mean']:.2f}, judge {mt.get('judge_model', '?')})"
-    return CriterionResult(name, drop, max_drop, drop <= max_drop + 1e-9, detail)
+    return CriterionResult(name, drop, max_drop, drop <= max_drop + 1e-9, detail, required=False)
 
 
 def run_metrics(battery: Mapping) -> RunMetrics:
@@ -133,12 +133,14 @@ def evidence(battery: Mapping, bar: EvidenceBar = EvidenceBar(), mtbench_max_dro
 
 def criterion_dict(c: CriterionResult) -> dict:
     value = None if c.value is None or (isinstance(c.value, float) and math.isnan(c.value)) else c.value
-    return {"name": c.name, "status": c.status, "value": value, "threshold": c.threshold, "detail": c.detail}
+    return {"name": c.name, "status": c.status, "value": value, "threshold": c.threshold, "detail": c.detail,
+            "required": c.required}
 
 
 def evidence_block(battery: Mapping) -> dict:
     results = evidence(battery)
-    return {"criteria": [criterion_dict(c) for c in results], "verdict": verdict(results)}
+    return {"criteria": [criterion_dict(c) for c in results], "verdict": verdict(results),
+            "not_measured_beside_bar": unmeasured_extras(results)}
 
 
 def criterion_status(results: Sequence[CriterionResult], prefix: str) -> str | None:

@@ -2,8 +2,10 @@
 
 A tuned run clears the bar when (1) its target metric improved on held-out examples, judged by the
 lower bound of a paired 95% confidence interval, (2) MMLU dropped by at most 2 points and (3) mean
-response length grew by at most 1.3x. A criterion that could not be measured (say MT-Bench without a
-capable judge) is reported as "not measured", which is never a pass. Pure functions; the markdown
+response length grew by at most 1.3x. A bar criterion that could not be measured makes the verdict
+"not measured", never a pass. Reported criteria beyond the bar (MT-Bench, which needs a capable judge)
+fail the verdict when measured and failed; when not measured they are named beside it
+("PASS; not measured: MT-Bench") instead of hiding the bar's result. Pure functions; the markdown
 renderer returns a string.
 
 Paired statistics, base and tuned graded on the same examples:
@@ -187,6 +189,7 @@ class CriterionResult:
     threshold: float
     passed: bool | None             # None = not measured, never counted as a pass
     detail: str
+    required: bool = True           # one of the bar's criteria; False = reported beside it (MT-Bench)
 
     @property
     def status(self) -> str:
@@ -212,7 +215,8 @@ class EvidenceBar:
 
     def evaluate(self, m: RunMetrics) -> list[CriterionResult]:
         results = [self._target(m), self._mmlu(m), self._length(m)]
-        results += [CriterionResult(name, None, math.nan, None, why) for name, why in m.not_measured.items()]
+        results += [CriterionResult(name, None, math.nan, None, why, required=False)
+                    for name, why in m.not_measured.items()]
         return results
 
     def _target(self, m: RunMetrics) -> CriterionResult:
@@ -247,11 +251,21 @@ class EvidenceBar:
 
 
 def verdict(results: Sequence[CriterionResult]) -> str:
-    """FAIL if any criterion failed, else "not measured" if any was not measured, else PASS."""
-    statuses = {r.status for r in results}
-    if FAIL in statuses:
+    """FAIL if any criterion failed, else "not measured" if a bar criterion was not measured, else PASS."""
+    if any(r.status == FAIL for r in results):
         return FAIL
-    return NOT_MEASURED if NOT_MEASURED in statuses or not results else PASS
+    return NOT_MEASURED if not results or any(r.required and r.passed is None for r in results) else PASS
+
+
+def unmeasured_extras(results: Sequence[CriterionResult]) -> list[str]:
+    """Names of the reported criteria beyond the bar that were not measured (shown beside a verdict)."""
+    return [r.name.split(" drop")[0] for r in results if not r.required and r.passed is None]
+
+
+def verdict_text(results: Sequence[CriterionResult]) -> str:
+    """The verdict, with the reported criteria that were not measured named beside a pass."""
+    v, extras = verdict(results), unmeasured_extras(results)
+    return f"{v}; not measured: {', '.join(extras)}" if v == PASS and extras else v
 
 
 def _cell(r: CriterionResult | None) -> str:
@@ -260,10 +274,12 @@ def _cell(r: CriterionResult | None) -> str:
     return f"{r.status} ({r.detail})".replace("|", "\\|")
 
 
-def _run_verdict(results: Sequence[CriterionResult], names: Sequence[str]) -> str:
-    v = verdict(results)
-    missing = set(names) - {r.name for r in results}
-    return NOT_MEASURED if v == PASS and missing else v
+def _run_verdict(results: Sequence[CriterionResult], others: Sequence[CriterionResult]) -> str:
+    """This run's verdict in a table of several: a criterion only the other runs have counts as not measured."""
+    have = {r.name for r in results}
+    missing = {r.name: CriterionResult(r.name, None, r.threshold, None, "not run", r.required)
+               for r in others if r.name not in have}
+    return verdict_text([*results, *missing.values()])
 
 
 def render_evidence_table(rows: Mapping[str, Sequence[CriterionResult]]) -> str:
@@ -280,6 +296,7 @@ def render_evidence_table(rows: Mapping[str, Sequence[CriterionResult]]) -> str:
     for name in names:
         cells = [_cell(next((r for r in rows[run] if r.name == name), None)) for run in runs]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    overall = [_run_verdict(rows[run], names) for run in runs]
+    every = [r for results in rows.values() for r in results]
+    overall = [_run_verdict(rows[run], every) for run in runs]
     lines.append("| **verdict** | " + " | ".join(f"**{v}**" for v in overall) + " |")
     return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from scalelab.core.config import read_toml
 from scalelab.core.rundir import RunDir
 from scalelab.dpo import battery_stats as stats
-from scalelab.dpo.evidence import render_evidence_table, verdict
+from scalelab.dpo.evidence import render_evidence_table, verdict_text
 
 BATTERY_JSON = Path("battery") / "battery.json"
 
@@ -211,11 +211,12 @@ def lengths_md(b: dict) -> list[str]:
 def evidence_md(run: RunFiles) -> list[str]:
     results = stats.evidence(run.battery)
     return ["## Evidence bar", "",
-            "Target improved (paired CI lower bound > 0), MMLU drop at most 2 points, mean length at most 1.3x, "
-            f"MT-Bench drop at most {run.battery.get('mtbench_max_drop', 0.5):g} (of 10); a criterion that was not "
-            "measured is never a pass.", "",
+            "The bar: target improved (paired CI lower bound > 0), MMLU drop at most 2 points, mean length at most "
+            "1.3x; a bar criterion that was not measured is never a pass. Reported beside it: MT-Bench drop at most "
+            f"{run.battery.get('mtbench_max_drop', 0.5):g} (of 10), which fails the verdict when measured and "
+            "exceeded and is named beside it when it could not be measured (no capable judge).", "",
             render_evidence_table({run.label: results}).rstrip("\n"), "",
-            f"Verdict: **{verdict(results)}**.", ""]
+            f"Verdict: **{verdict_text(results)}**.", ""]
 
 # ---------------------------------------------------------------------------------------------
 # the whole report

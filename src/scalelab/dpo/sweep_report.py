@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from scalelab.dpo import battery_stats as stats
-from scalelab.dpo.evidence import PASS, render_evidence_table, verdict
+from scalelab.dpo.evidence import PASS, render_evidence_table, verdict_text
 from scalelab.dpo.report import RunFiles, fmt, is_run_dir, load_run, pts, table, write_run_report
 
 LOSS_ORDER = ("dpo", "ipo", "orpo")
@@ -73,7 +73,7 @@ def sweep_row(run: RunFiles) -> SweepRow:
                     target["delta"] if target else None, (target["ci_low"], target["ci_high"]) if target else None,
                     100 * mmlu["delta"] if mmlu else None, (b.get("lengths") or {}).get("ratio"),
                     stats.criterion_status(results, "MMLU"), stats.criterion_status(results, "length"),
-                    verdict(results) if results else "not measured")
+                    verdict_text(results) if results else "not measured")
 
 
 def choose(rows: Sequence[SweepRow]) -> Choice:
