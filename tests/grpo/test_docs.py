@@ -61,7 +61,7 @@ def test_docs_from_a_full_results_folder(tmp_path):
             "| rollout | 1,050.0 | 65.0% |", "rollout takes 65.0% of a step",  # the run's shares (test_report)
             "2 dead zone(s)", "totalling 3.0 s (60.0% of the sampled time",  # 1.5 s + 1.5 s of 5.0 s
             "vLLM generates **4.00x** the tokens/s", "(1.54B parameters", "| vllm_colocated | 4,000 | 2,048 | 8,192 |",
-            "| in-place, full weights | 52.0 | 3,072.0 | 1.02% |", "rollout 2,048 ms", "update 3,000 ms",
+            "| rollout_bench.json | in-place, full weights | inprocess | 52.0 | 3,072.0 | 2,048 + 3,000 | 1.02% |",
             "| k4 | 0.450 | 4.00e-03 | 600 | 18.5% (+4.5) |",
             "**Verdict: the defense works**", "| exploit | 5.0 -> 15.0 | 10.0 -> 10.0 | FLAGGED |",
             "mean gain **+8.0 points** over 3 seeds, 95% t interval +3.0 to +13.0"):

@@ -19,6 +19,7 @@ import numpy as np
 from scalelab.core.jsonio import read_json
 from scalelab.grpo import hacking, report, stalestudy
 from scalelab.grpo.plots import figure, finish, save
+from scalelab.grpo.rolloutcost import step_cost_lines, step_costs
 
 NOT_MEASURED = "Not measured yet"
 FIGURES = "figures"  # beside the Markdown file
@@ -209,7 +210,8 @@ def _throughput_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
                    f"prompt mean {batch['prompt_tokens_mean']:.0f} tokens, up to {batch['max_new_tokens']} new "
                    f"tokens, temperature {batch['temperature']:g}, top_p {batch['top_p']:g}.{verdict}", "",
                    "| engine | completion tokens/s | median ms per batch | completion tokens |", "|---|---:|---:|---:|",
-                   *rows, "", *_img(figs, "throughput", out_dir, "rollout throughput"), *_more_benches(d)]
+                   *rows, "", *_img(figs, "throughput", out_dir, "rollout throughput"), *_more_benches(d),
+                   *step_cost_lines(step_costs([(d.sources.get("bench", "rollout_bench.json"), b), *d.more_benches]))]
 
 
 def _more_benches(d: DocInputs, goal: float = 5.0) -> list[str]:
@@ -253,17 +255,20 @@ def _sync_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
     b = d.bench
     if b is None or not b.get("weight_sync"):
         return head + [f"{NOT_MEASURED}: no weight-sync timings in rollout_bench.json.", ""]
-    rollout, update = _rollout_ms(b), b.get("update_ms")
     rows = []
-    for s in b["weight_sync"]:
-        step = rollout + (update or 0.0) + s["median_ms"]
-        rows.append(f"| {s['label']} | {s['median_ms']:,.1f} | {s['bytes'] / 2**20:,.1f} | "
-                    f"{s['median_ms'] / step:.2%} |")
-    upd = "not measured" if update is None else f"{update:,.0f} ms"
-    return head + [f"Stated step: rollout {rollout:,.0f} ms (the faster engine above) + update {upd} (one optimizer "
-                   "step on the same batch) + the sync; share = sync / that step.", "",
-                   "| sync | median ms | MiB moved | share of step |", "|---|---:|---:|---:|", *rows, "",
-                   *_img(figs, "sync", out_dir, "weight sync share")]
+    for path, bench in [(d.sources.get("bench", "rollout_bench.json"), b), *d.more_benches]:
+        rollout, update = _rollout_ms(bench), bench.get("update_ms")
+        core = ((bench.get("vllm_options") or {}).get("effective") or {}).get("engine_core", "inprocess")
+        for s in bench.get("weight_sync") or []:
+            step = rollout + (update or 0.0) + s["median_ms"]
+            rows.append(f"| {path} | {s['label']} | {core} | {s['median_ms']:,.1f} | {s['bytes'] / 2**20:,.1f} | "
+                        f"{rollout:,.0f} + {'-' if update is None else f'{update:,.0f}'} | "
+                        f"{s['median_ms'] / step:.2%} |")
+    return head + ["Stated step of each file: its rollout (the faster engine) + its update (one optimizer step on "
+                   "the same batch) + the sync; share = sync / that step. The engine core says where vLLM ran: "
+                   "in process the weights load through apply_model, in its own process as CUDA IPC handles.", "",
+                   "| file | sync | vLLM engine core | median ms | MiB moved | rollout + update ms | share of step |",
+                   "|---|---|---|---:|---:|---:|---:|", *rows, "", *_img(figs, "sync", out_dir, "weight sync share")]
 
 
 def _staleness_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
