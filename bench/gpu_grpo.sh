@@ -41,6 +41,8 @@
 #                    (setup included) after which no variant runs; a variant whose json is kept in
 #                    $RUNS/variants-new$NEW is not run again, so a second call finishes the list (delete that
 #                    folder to measure again)
+#          BENCH_MODEL the variants' model (default random:qwen2.5-1.5b; e.g. random:qwen2.5-7b): another shape
+#                    appends @<shape> to each variant's json, log and summary name
 #          OUT, RUNS outputs (default /tmp/out) and run folders (default ./runs/gpu-grpo)
 # Two parts may run at once on two GPUs, each with its own OUT, e.g.
 #   CUDA_VISIBLE_DEVICES=1 OUT=/tmp/out/g1 bash bench/gpu_grpo.sh staleness &
@@ -56,6 +58,8 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 OUT=${OUT:-/tmp/out}; SMOL_DIR=${SMOL_DIR:-.grpo-gpu/smol}; WHEELS=${WHEELS:-.grpo-gpu/whl:.gpu-carry/whl}
 RUNS=${RUNS:-$PWD/runs/gpu-grpo}; KS=${KS:-0,1,2,4,8}; NEW=${NEW:-256}
 VARIANTS=${VARIANTS:-"32x8-dict 32x8-flat 32x8-flat-graphs 64x16-dict 64x16-flat 64x16-flat-graphs"}
+BENCH_MODEL=${BENCH_MODEL:-random:qwen2.5-1.5b}  # the variants' model; another shape tags their folder and files
+MODEL_TAG=$([ "$BENCH_MODEL" = random:qwen2.5-1.5b ] || echo "@${BENCH_MODEL#random:}")
 mkdir -p "$OUT" "$RUNS"
 
 with_lock() {  # $1 = lock file, then a command: invocations started side by side run it one at a time
@@ -141,7 +145,7 @@ variant_args() {  # $1 = <P>x<G>-<kind>[-lognormal[CAP]]: the bench flags of tha
 }
 
 summarize_variants() {  # $1 = folder of variant jsons: a table of tokens/s, $VARIANTS first, then any others
-  python3 - "$1" $VARIANTS <<'EOF'
+  python3 - "$1" $(for v in $VARIANTS; do echo "$v$MODEL_TAG"; done) <<'EOF'
 import json, sys
 from pathlib import Path
 folder, names = Path(sys.argv[1]), sys.argv[2:]
@@ -170,8 +174,8 @@ run_variant() {  # $1 = name, $2 = folder, $3 = seconds allowed, $4 = 1 when it 
   args=$(variant_args "$1") || return 2
   new=$(variant_new "$1"); mml=$(( new + 256 > 1024 ? new + 256 : 1024 ))  # prompt (< 256 tokens) + cap
   [ "$4" = 1 ] && extra=""
-  timeout "$3" python3 bench/grpo_rollout_bench.py --model random:qwen2.5-1.5b --tokenizer "$SMOL_DIR" $args \
-    --max-model-len "$mml" --repeats 2 $extra --out "$2/$1.json" > "$2/$1.log" 2>&1
+  timeout "$3" python3 bench/grpo_rollout_bench.py --model "$BENCH_MODEL" --tokenizer "$SMOL_DIR" $args \
+    --max-model-len "$mml" --repeats 2 $extra --out "$2/$1$MODEL_TAG.json" > "$2/$1$MODEL_TAG.log" 2>&1
 }
 
 run_variants() {  # resumable: a variant whose json is in $RUNS from an earlier call (same NEW) is not run again
@@ -179,18 +183,21 @@ run_variants() {  # resumable: a variant whose json is in $RUNS from an earlier 
   for name in $VARIANTS; do variant_args "$name" > /dev/null || return 2; done  # every name, before the GPU works
   mkdir -p "$dir" "$OUT/variants"
   for name in $VARIANTS; do
-    [ -f "$dir/$name.json" ] && { echo "variant $name: kept from an earlier call ($dir)"; continue; }
+    if [ -f "$dir/$name$MODEL_TAG.json" ]; then
+      echo "variant $name$MODEL_TAG: kept from an earlier call ($dir)"; continue
+    fi
     left=$(( ${VARIANTS_BUDGET_S:-540} - SECONDS ))  # SECONDS: since this script started, setup included
     if [ $left -lt 180 ]; then  # a 1,024-sequence variant takes ~150-170 s (estimate); a cut run is wasted
       echo "variant $name: not run, ${left}s of the budget left; run the part again"; rc=3; continue
     fi
     start=$(date +%s)
     run_variant "$name" "$dir" $(( left < 300 ? left : 300 )) $([ "$name" = "$timed" ] && echo 1 || echo 0) \
-      || { rc=$?; echo "variant $name failed (exit $rc), $dir/$name.log ends:"; tail -n 15 "$dir/$name.log"; }
+      || { rc=$?; echo "variant $name failed (exit $rc), $dir/$name$MODEL_TAG.log ends:"
+           tail -n 15 "$dir/$name$MODEL_TAG.log"; }
     echo "variant $name wall=$(( $(date +%s) - start ))s"
   done
   cp "$dir"/*.json "$OUT/variants/" 2> /dev/null  # logs stay in $dir: a device call brings back 8 files at most
-  summarize_variants "$OUT/variants" | tee "$OUT/variants/summary.md"
+  summarize_variants "$OUT/variants" | tee "$OUT/variants/summary$MODEL_TAG.md"
   return $rc
 }
 

@@ -12,8 +12,12 @@ from typing import Any, Sequence
 
 import torch
 
-# Hidden sizes from the models' own config.json files (Qwen/Qwen2.5-1.5B-Instruct, HuggingFaceTB/SmolLM2-135M).
+# Hidden sizes from the models' own config.json files (Qwen/Qwen2.5-1.5B-Instruct, Qwen/Qwen2.5-7B-Instruct,
+# HuggingFaceTB/SmolLM2-135M).
 SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-7b": {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                   "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 32768,
+                   "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False},
     "qwen2.5-1.5b": {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
                      "num_attention_heads": 12, "num_key_value_heads": 2, "max_position_embeddings": 32768,
                      "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
