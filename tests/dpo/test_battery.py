@@ -338,6 +338,12 @@ def test_lm_eval_parts_on_the_tiny_model(tiny_model_dir, tmp_path, shared_data, 
         assert rows["truthfulqa_mc2"][side] == pytest.approx(tqa["lm_eval"]["truthfulqa_mc2"]["acc"])
     # the tuned side really ran with the adapter: MC2's probability mass moved
     assert rows["truthfulqa_mc2"]["delta"] != 0.0
+    # one request cache for the sweep: the tuned side (measured first) built and encoded, the base side read
+    for part in ("mmlu", "truthfulqa"):
+        tuned, base = (json.loads(Path(b["parts"][part][s]).read_text())["eval"] for s in ("tuned", "base"))
+        assert Path(base["request_cache"]).parent == (tmp_path / "battery-base" / "lm-eval-requests").resolve()
+        assert base["request_cache"] == tuned["request_cache"]
+        assert tuned["tokens"]["encoded"] == base["tokens"]["read"] == base["tokens"]["pairs"] > 0
     assert b["lengths"] == {}  # no generated part ran
     assert [c["status"] for c in b["evidence"]["criteria"]] == [NOT_MEASURED, PASS if rows["mmlu"]["delta"] >= -0.02
                                                                  else FAIL, NOT_MEASURED, NOT_MEASURED]

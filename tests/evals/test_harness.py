@@ -281,6 +281,107 @@ def test_mmlu_5_shot_and_truthfulqa_at_a_tiny_limit(evaluated_run, shared_data, 
 
 
 # ---------------------------------------------------------------------------------------------
+# request_cache: requests built once, token ids kept per tokenizer; the same items, and read the second time
+
+
+def test_token_cached_lm_encodes_pairs_as_lm_eval_does(evaluated_run):
+    from lm_eval.models.huggingface import HFLM
+
+    from scalelab.evals.tokencache import TokenCachedHFLM
+    run, _ = evaluated_run
+    lm = TokenCachedHFLM(pretrained=str(run / "hf"), device="cpu", batch_size=1)
+    prefix = lm.tokenizer.decode(lm.prefix_token_id)
+    pairs = [("Question: 2 + 2 =\nAnswer:", " 4"), ("Answer:", " A"), ("The sky is  ", "blue"),  # spaces move
+             (f"{prefix}Starts with the prefix token.", " yes"), ("Ünïcode — ok", " ✓"), ("a", "")]
+    # HFLM._encode_pair is lm-eval's own (TemplateLM's), one tok_encode per string
+    assert lm.encode_pairs(pairs) == {p: HFLM._encode_pair(lm, *p) for p in pairs}
+
+
+def test_pair_table_merges_and_keys_by_both_strings(tmp_path):
+    from scalelab.evals.tokencache import PairTable, merge_into, pair_digest
+    a = {pair_digest("ctx", " A"): ([1, 2, 3], [4]), pair_digest("ctx", " B"): ([1, 2, 3], [5])}
+    b = {pair_digest("other", ""): ([7], []), pair_digest("ct", "x A"): ([1, 2], [9, 4])}
+    path = tmp_path / "tokens-x.npz"
+    assert merge_into(path, a) == 2 and merge_into(path, b) == 4  # a second writer adds to the first's
+    table = PairTable.read(path)
+    assert dict(table.items()) == {**a, **b}
+    assert len(table.ctx_off) - 1 == 3  # the two choices of "ctx" share one stored context
+    assert table.get(pair_digest("ctx", " C")) is None
+
+
+def test_request_cache_gives_the_same_items_and_the_second_run_reads_it(evaluated_run, shared_data, cache,
+                                                                        tmp_path, monkeypatch):
+    from lm_eval.api.task import ConfigurableTask
+    from lm_eval.models.huggingface import HFLM
+
+    from scalelab.evals.tokencache import TokenCachedHFLM
+    run, _ = evaluated_run
+    kw = {"data_dir": shared_data, "cache_dir": cache, "limit": 1, "log_samples": True}
+    with monkeypatch.context() as m:  # lm-eval's own tokenization: one encode per string, every pair
+        m.setattr(TokenCachedHFLM, "loglikelihood", HFLM.loglikelihood)
+        m.setattr(TokenCachedHFLM, "_encode_pair", HFLM._encode_pair)
+        plain = run_lm_eval(run / "hf", ["mmlu"], **kw)
+    first = run_lm_eval(run / "hf", ["mmlu"], request_cache=tmp_path / "rc", **kw)
+    folder = Path(first.request_cache)
+    built = harness.requests_manifest(folder)["requests"]
+    assert len(built) == 57 and sum(built.values()) == 4 * 14042  # every question of every subject, 4 choices
+    assert first.tokens["encoded"] == first.tokens["pairs"] == 4 * 57 and first.tokens["read"] == 0
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("built or encoded again, though the request cache holds it")
+
+    # the second run renders no prompt and encodes no string: requests and token ids come from the folder
+    monkeypatch.setattr(ConfigurableTask, "fewshot_context", refuse)
+    monkeypatch.setattr(TokenCachedHFLM, "encode_strings", refuse)
+    second = run_lm_eval(run / "hf", ["mmlu"], request_cache=tmp_path / "rc", **kw)
+    assert second.request_cache == first.request_cache
+    assert second.tokens["read"] == second.tokens["pairs"] == 4 * 57 and second.tokens["encoded"] == 0
+    assert plain.samples == first.samples == second.samples and len(plain.samples) == 57
+    # lm-eval found each task's requests under the file name build_requests gave them: it wrote none itself
+    assert len(list(folder.glob("*.pickle"))) == 57
+
+
+def test_request_cache_key_follows_what_decides_the_requests(shared_data, cache):
+    specs = [TASKS["truthfulqa_mc1"]]
+    _, task_dir = harness.prepare_local(specs, shared_data, cache)
+    tm = harness.task_manager(specs, "local", task_dir)
+    (task,) = harness.load_tasks(tm, specs, "local", {})
+    key = harness.requests_key({"t": task}, 1234)
+    assert harness.requests_key({"t": task}, 1234) == key
+    assert harness.requests_key({"t": task}, 1235) != key  # another few-shot seed
+    assert key["definitions_sha256"] == harness.definitions_sha256() and key["lm_eval"] == "0.4.13"
+    task.set_config(key="description", value="Answer truthfully.\n\n")
+    assert harness.requests_key({"t": task}, 1234) != key
+
+
+def test_concurrent_builders_build_the_requests_once(shared_data, cache, tmp_path, monkeypatch):
+    """Three builders over one folder (as battery processes over one sweep): one builds while the others
+    wait on the lock, and all get the folder whole; no temporary folder is left."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lm_eval.api.task import Task
+    specs = [TASKS["truthfulqa_mc1"]]
+    _, task_dir = harness.prepare_local(specs, shared_data, cache)
+    leaves = []
+    for _ in range(3):  # task objects of their own, as separate processes have
+        tm = harness.task_manager(specs, "local", task_dir)
+        leaves.append(tm.load(harness.load_tasks(tm, specs, "local", {}))["tasks"])
+    built, real = [], Task.build_all_requests
+
+    def counting(self, **kwargs):
+        built.append(self.config.task)
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(Task, "build_all_requests", counting)
+    with ThreadPoolExecutor(3) as pool:
+        folders = list(pool.map(lambda tasks: harness.build_requests(tasks, 1234, tmp_path), leaves))
+    assert len(set(folders)) == 1 and built == ["scalelab_truthfulqa_mc1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".locks", folders[0].name]
+    assert harness.requests_manifest(folders[0])["requests"] == {"scalelab_truthfulqa_mc1": sum(
+        len(item["mc1_targets"]) for item in json.loads((shared_data / "truthfulqa/mc_task.json").read_text()))}
+
+
+# ---------------------------------------------------------------------------------------------
 # hub names and errors
 
 
@@ -306,6 +407,8 @@ def test_errors_name_what_is_wrong(tmp_path):
         run_lm_eval(tmp_path, ["piqa"])
     with pytest.raises(ValueError, match="num_fewshot given for mmlu"):
         run_lm_eval(tmp_path, ["piqa"], data_dir=tmp_path, num_fewshot={"mmlu": 5})
+    with pytest.raises(ValueError, match="request_cache needs source='local'"):
+        run_lm_eval(tmp_path, ["piqa"], source="hub", request_cache=tmp_path)
 
 
 def test_few_shot_override_of_a_zero_shot_task_is_refused(shared_data, cache):

@@ -16,6 +16,9 @@ Files (each part's record is written when the part finishes, so a rerun resumes 
     <folder>/.locks/<part>-<hash>.lock                              held while that record is measured, so
                                                                     processes over one sweep never measure a
                                                                     shared base part twice
+    <run parent>/battery-base/lm-eval-requests/                     lm-eval's requests and token ids, built
+                                                                    once for both sides of every run
+                                                                    (evals.harness request_cache)
 Events "battery_part" and "battery_end" go to the run's metrics.jsonl.
 """
 from __future__ import annotations
@@ -109,6 +112,15 @@ def base_cache_dir(cfg: DpoConfig, run_dir: Path) -> Path:
     """Beside the run folder, so the runs of one sweep (<sweep>/<run>) share it."""
     return Path(run_dir).resolve().parent / "battery-base" / _sha(model_key(cfg))
 
+
+def request_cache_dir(cfg: DpoConfig, run_dir: Path) -> Path | None:
+    """<sweep>/battery-base/lm-eval-requests: shared by both sides and every run of the sweep, as requests are
+    text (the same for any model) and token ids are kept per tokenizer. None when off, or for hub data, whose
+    content is not pinned. Not part of any record's key: the results are the same with or without it."""
+    if not cfg.battery.lm_eval_request_cache or cfg.battery.source != "local":
+        return None
+    return Path(run_dir).resolve().parent / "battery-base" / "lm-eval-requests"
+
 # ---------------------------------------------------------------------------------------------
 # the two sides
 
@@ -121,6 +133,7 @@ class Side:
     cfg: DpoConfig
     adapter: Path | None = None
     adapter_sha256: str | None = None
+    request_cache: Path | None = None   # lm-eval parts: request_cache_dir
     _model: tuple | None = field(default=None, repr=False)
 
     def part_path(self, part: Part) -> Path:
@@ -175,7 +188,8 @@ def measure_lm_eval(part: Part, side: Side) -> dict:
     s, (device, dtype) = part.spec, eval_device_dtype(side.cfg)
     r = run_lm_eval(model_folder(side.cfg), s["tasks"], source=s["source"], data_dir=s["data_dir"],
                     limit=s["limit"] or None, batch_size=s["batch_size"], device=device, dtype=dtype,
-                    num_fewshot=s.get("num_fewshot"), peft_path=side.adapter, log_samples=True)
+                    num_fewshot=s.get("num_fewshot"), peft_path=side.adapter, log_samples=True,
+                    request_cache=side.request_cache)
     scores = {}
     for task in s["tasks"]:
         # MMLU's samples come per subject (mmlu_anatomy, ...): one question = one paired example
@@ -297,15 +311,17 @@ def run_battery(cfg: DpoConfig, run_dir: str | Path, side: str = "both") -> dict
         raise ValueError(f"battery side {side!r}; allowed: {', '.join(SIDES)}")
     run_dir = Path(run_dir)
     parts, rd = plan(cfg), RunDir(run_dir)
-    sides = {"base": Side("base", base_cache_dir(cfg, run_dir), cfg)}
+    requests = request_cache_dir(cfg, run_dir)
+    sides = {"base": Side("base", base_cache_dir(cfg, run_dir), cfg, request_cache=requests)}
     if side != "base":
         adapter = run_dir / "adapter"
-        sides["tuned"] = Side("tuned", run_dir / "battery" / "tuned", cfg, adapter, adapter_sha256(adapter))
+        sides["tuned"] = Side("tuned", run_dir / "battery" / "tuned", cfg, adapter, adapter_sha256(adapter),
+                              request_cache=requests)
     if side == "tuned":
         del sides["base"]
     t0 = time.perf_counter()
     rd.log_event("battery_start", parts=[p.name for p in parts], base_cache=str(base_cache_dir(cfg, run_dir)),
-                 side=side)
+                 request_cache=None if requests is None else str(requests), side=side)
     records = {}
     # tuned first: when a base-only process runs beside this one, its records are likely ready by the time
     # this side is done (each part waits on the other's lock rather than measuring twice)

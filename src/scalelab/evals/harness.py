@@ -9,21 +9,34 @@ definition and points its data_files at the converted copies in the cache. The p
 the files themselves, as the cache lives wherever the user keeps it; the bindings are content-addressed,
 so `lm_eval --include_path <EvalResult.task_dir> --tasks scalelab_hellaswag ...` reproduces a run by hand.
 
-    run_lm_eval(model, tasks, ...) -> EvalResult      measure (lm_eval.simple_evaluate, model="hf")
+Requests are text, the same for every model evaluated on the same task spec, so with `request_cache` they
+are built once (lm-eval's own request cache, in a folder keyed by everything that decides them) and their
+token ids are kept per tokenizer (scalelab.evals.tokencache): the second model skips both.
+
+    <request_cache>/requests-<sha16>/requests-<task>-<n>shot-....pickle   lm-eval's, every item of each task
+    <request_cache>/requests-<sha16>/manifest.json                        the key, counts, build time
+    <request_cache>/requests-<sha16>/tokens-<tokenizer sha16>.npz         token ids of the pairs scored so far
+    <request_cache>/.locks/                                               held while a folder is built
+
+    run_lm_eval(model, tasks, ...) -> EvalResult      measure (lm_eval.simple_evaluate on lm-eval's HF model)
     write_eval_json(result, path), write_samples(...)  save
     format_eval(result) -> str                          render
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Iterator, Literal, Mapping, Sequence
 
-from scalelab.core.jsonio import write_json
+from scalelab.core.filelock import file_lock
+from scalelab.core.jsonio import read_json, write_json
 from scalelab.evals import localdata
 
 Source = Literal["local", "hub"]
@@ -99,6 +112,8 @@ class EvalResult:
     device: str
     batch_size: int | str
     wall_s: float
+    request_cache: str | None = None             # the requests folder read (None: requests built in the run)
+    tokens: dict = field(default_factory=dict)   # pairs scored, read from the token file, encoded; seconds
     samples: dict[str, list[dict]] = field(default_factory=dict, compare=False, repr=False)
 
     def task(self, name: str) -> TaskResult:
@@ -316,6 +331,95 @@ def _samples(raw: dict, metrics: Sequence[str]) -> dict[str, list[dict]]:
 
 
 # ---------------------------------------------------------------------------------------------
+# request cache
+
+# Part of the request-cache key: bump it when what a requests folder holds changes.
+REQUESTS_FORMAT = 1
+REQUESTS_MANIFEST = "manifest.json"
+# How simple_evaluate is asked to build requests (its defaults, given explicitly): build_requests builds with
+# the same, as lm-eval's cache file name records them and a run looks up only the name it would write.
+# Without a chat template, multi-turn few-shot changes no text.
+REQUEST_ARGS: dict[str, Any] = {"system_instruction": None, "apply_chat_template": False,
+                                "fewshot_as_multiturn": True}
+
+
+def fewshot_seed() -> int:
+    """The seed of each task's few-shot sampler: lm-eval's default, passed to simple_evaluate explicitly so
+    that requests built ahead of it (build_requests) draw the same exemplars."""
+    from lm_eval.defaults import DEFAULT_OTHER_SEED
+    return DEFAULT_OTHER_SEED
+
+
+def definitions_sha256() -> str:
+    """Of our packaged task definitions, every YAML and Python file: lm-eval's resolved config names a
+    `!function` by name only, so an edit to its body has to change the request-cache key by itself."""
+    h = hashlib.sha256()
+    for path in sorted(PACKAGE_TASK_DIR.rglob("*")):
+        if path.suffix in (".yaml", ".py") and path.is_file():
+            h.update(f"{path.relative_to(PACKAGE_TASK_DIR).as_posix()}\n".encode() + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def requests_key(leaves: Mapping[str, Any], seed: int) -> dict:
+    """What decides the requests lm-eval builds for these leaf tasks: each one's resolved config (num_fewshot
+    set; its data files are the converted copies, whose paths carry their content's sha256), our definitions'
+    files, the few-shot seed, and the lm-eval and datasets versions that read them. No model or tokenizer:
+    requests are text (token ids are keyed apart, by tokenizer). lm-eval's own cache file name holds only the
+    task name and shot count, hence this folder level."""
+    import datasets
+    import lm_eval
+    configs = {name: json.loads(_ADDRESS.sub("", json.dumps(t.dump_config(), sort_keys=True, default=str)))
+               for name, t in sorted(leaves.items())}
+    return {"format": REQUESTS_FORMAT, "lm_eval": lm_eval.__version__, "datasets": datasets.__version__,
+            "definitions_sha256": definitions_sha256(), "fewshot_seed": seed, "request_args": REQUEST_ARGS,
+            "tasks": configs}
+
+
+@contextlib.contextmanager
+def lm_eval_cache_path(folder: Path) -> Iterator[None]:
+    """Point lm-eval's request cache at `folder` meanwhile. Its location is a module global, read from
+    LM_HARNESS_CACHE_PATH once at import (default: inside the installed package), so this sets the global."""
+    from lm_eval.caching import cache
+    before = cache.PATH
+    cache.PATH = str(folder)
+    try:
+        yield
+    finally:
+        cache.PATH = before
+
+
+def build_requests(leaves: Mapping[str, Any], seed: int, root: str | Path) -> Path:
+    """<root>/requests-<sha16>/: lm-eval's request cache for these leaf tasks, every item of each (as lm-eval
+    caches them; a run with a limit reads the first ones). Built by the first process to get here, in a
+    temporary folder renamed into place under a lock: processes over one cache (a battery's sides, several
+    batteries on one host) wait for it and never read a file being written."""
+    root = Path(root)
+    key = requests_key(leaves, seed)
+    folder = root / f"requests-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}"
+    if folder.is_dir():
+        return folder
+    with file_lock(root / ".locks" / f"{folder.name}.lock"):
+        if folder.is_dir():
+            return folder
+        t0 = time.perf_counter()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=root))  # root exists: the lock made it
+        counts = {}
+        with lm_eval_cache_path(tmp):
+            for name, task in sorted(leaves.items()):
+                task.set_fewshot_seed(seed=seed)  # as simple_evaluate does before it builds requests
+                task.build_all_requests(cache_requests=True, rewrite_requests_cache=True, chat_template=None,
+                                        tokenizer_name="", **REQUEST_ARGS)
+                counts[name] = len(task.instances)
+        write_json(tmp / REQUESTS_MANIFEST, {"key": key, "requests": counts, "build_s": time.perf_counter() - t0})
+        os.rename(tmp, folder)
+    return folder
+
+
+def requests_manifest(folder: str | Path) -> dict:
+    return read_json(Path(folder) / REQUESTS_MANIFEST)
+
+
+# ---------------------------------------------------------------------------------------------
 # measure
 
 
@@ -342,9 +446,12 @@ def _model_args(model_path: Path, dtype: str, peft_path: str | Path | None) -> d
 
 
 def _check_inputs(model_path: Path, source: str, specs: Sequence[TaskSpec], fewshot: Mapping[str, int],
-                  limit: int | None) -> None:
+                  limit: int | None, request_cache: str | Path | None = None) -> None:
     if source not in SOURCES:
         raise EvalInputError(f"source {source!r}: expected one of {', '.join(SOURCES)}")
+    if request_cache is not None and source != "local":
+        raise EvalInputError("request_cache needs source='local': hub data is not pinned by content, so built "
+                             "requests could outlive the data they were built from")
     if not (model_path / "config.json").is_file():
         raise FileNotFoundError(f"{model_path}: no config.json (expected an HF model folder, "
                                 "e.g. an exported run's hf/)")
@@ -378,21 +485,34 @@ def run_lm_eval(model_path: str | Path, tasks: str | Sequence[str], source: Sour
                 data_dir: str | Path | None = None, limit: int | None = None, batch_size: int | str = 8,
                 device: str = "cpu", dtype: str = "float32", num_fewshot: Mapping[str, int] | None = None,
                 peft_path: str | Path | None = None, cache_dir: str | Path | None = None,
-                log_samples: bool = False) -> EvalResult:
-    """Evaluate an HF model folder on `tasks` (names in TASKS) through lm_eval.simple_evaluate."""
+                log_samples: bool = False, request_cache: str | Path | None = None) -> EvalResult:
+    """Evaluate an HF model folder on `tasks` (names in TASKS) through lm_eval.simple_evaluate.
+
+    request_cache: a folder where the requests (and, per tokenizer, their token ids) are kept for every later
+    run with the same task spec; source="local" only. The per-item results are the same with or without."""
     import lm_eval
     import torch
     import transformers
+
+    from scalelab.evals.tokencache import TokenCachedHFLM
     model_path, specs, fewshot = Path(model_path), resolve_tasks(tasks), dict(num_fewshot or {})
-    _check_inputs(model_path, source, specs, fewshot, limit)
+    _check_inputs(model_path, source, specs, fewshot, limit, request_cache)
     data, task_dir = prepare_local(specs, data_dir, cache_dir) if source == "local" else ((), None)
     tm = task_manager(specs, source, task_dir)
     objects = load_tasks(tm, specs, source, fewshot)
-    start = time.perf_counter()
+    start, seed = time.perf_counter(), fewshot_seed()
+    requests = None if request_cache is None else build_requests(tm.load(objects)["tasks"], seed, request_cache)
+    # lm-eval's HF model ("hf"), built as simple_evaluate builds it from a name; only how loglikelihood pairs
+    # are tokenized differs (each distinct string once, batched; kept beside the requests when cached)
+    lm = TokenCachedHFLM.create_from_arg_obj(
+        {**_model_args(model_path, dtype, peft_path), "token_cache": None if requests is None else str(requests)},
+        {"batch_size": batch_size, "device": device})
     try:
-        raw = lm_eval.simple_evaluate(model="hf", model_args=_model_args(model_path, dtype, peft_path),
-                                      tasks=objects, task_manager=tm, limit=limit, batch_size=batch_size,
-                                      device=device, log_samples=log_samples)
+        with lm_eval_cache_path(requests) if requests is not None else contextlib.nullcontext():
+            raw = lm_eval.simple_evaluate(model=lm, tasks=objects, task_manager=tm, limit=limit,
+                                          batch_size=batch_size, device=device, log_samples=log_samples,
+                                          cache_requests=requests is not None, fewshot_random_seed=seed,
+                                          **REQUEST_ARGS)
     except AssertionError as e:
         raise explain_assertion(e, model_path) from e
     wall = time.perf_counter() - start
@@ -403,7 +523,8 @@ def run_lm_eval(model_path: str | Path, tasks: str | Sequence[str], source: Sour
         data=data, task_dir=None if task_dir is None else str(task_dir),
         lm_eval_version=str(raw.get("lm_eval_version") or lm_eval.__version__),
         transformers_version=transformers.__version__, torch_version=torch.__version__, dtype=dtype,
-        device=device, batch_size=batch_size, wall_s=wall, samples=_samples(raw, metrics) if log_samples else {})
+        device=device, batch_size=batch_size, wall_s=wall, request_cache=None if requests is None else str(requests),
+        tokens=dict(lm.token_stats), samples=_samples(raw, metrics) if log_samples else {})
 
 
 # ---------------------------------------------------------------------------------------------
