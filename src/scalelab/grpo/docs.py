@@ -211,7 +211,13 @@ def _throughput_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
                    f"tokens, temperature {batch['temperature']:g}, top_p {batch['top_p']:g}.{verdict}", "",
                    "| engine | completion tokens/s | median ms per batch | completion tokens |", "|---|---:|---:|---:|",
                    *rows, "", *_img(figs, "throughput", out_dir, "rollout throughput"), *_more_benches(d),
-                   *step_cost_lines(step_costs([(d.sources.get("bench", "rollout_bench.json"), b), *d.more_benches]))]
+                   *step_cost_lines(step_costs(_all_benches(d)))]
+
+
+def _all_benches(d: DocInputs) -> list[tuple[str, dict]]:
+    """(path, data) of the primary rollout bench, then of every other bench file."""
+    primary = [] if d.bench is None else [(d.sources.get("bench", "rollout_bench.json"), d.bench)]
+    return primary + d.more_benches
 
 
 def _more_benches(d: DocInputs, goal: float = 5.0) -> list[str]:
@@ -256,7 +262,7 @@ def _sync_section(d: DocInputs, figs: dict, out_dir: Path) -> list[str]:
     if b is None or not b.get("weight_sync"):
         return head + [f"{NOT_MEASURED}: no weight-sync timings in rollout_bench.json.", ""]
     rows = []
-    for path, bench in [(d.sources.get("bench", "rollout_bench.json"), b), *d.more_benches]:
+    for path, bench in _all_benches(d):
         rollout, update = _rollout_ms(bench), bench.get("update_ms")
         core = ((bench.get("vllm_options") or {}).get("effective") or {}).get("engine_core", "inprocess")
         for s in bench.get("weight_sync") or []:

@@ -216,20 +216,18 @@ class NcclWeightClient:
                                 f"(still waiting on the {' and '.join(waiting)} side); see the server log")
 
     def _post(self, path: str, body: dict) -> dict:
+        return self._call("POST", path, lambda url: post_json(url, body, self.timeout_s))
+
+    def _get(self, path: str) -> dict:
+        return self._call("GET", path, lambda url: get_json(url, self.timeout_s))
+
+    def _call(self, method: str, path: str, send: Callable[[str], dict]) -> dict:
         try:
-            return post_json(self.url + path, body, self.timeout_s)
+            return send(self.url + path)
         except ServerError as e:  # names the endpoint, the status and the server's message
             raise NcclSyncError(f"weight sync 'nccl': {e}") from None
         except OSError as e:  # refused, reset, timed out (urllib's URLError is an OSError)
-            raise NcclSyncError(f"weight sync 'nccl': POST {self.url + path}: {e}") from None
-
-    def _get(self, path: str) -> dict:
-        try:
-            return get_json(self.url + path, self.timeout_s)
-        except ServerError as e:
-            raise NcclSyncError(f"weight sync 'nccl': {e}") from None
-        except OSError as e:
-            raise NcclSyncError(f"weight sync 'nccl': GET {self.url + path}: {e}") from None
+            raise NcclSyncError(f"weight sync 'nccl': {method} {self.url + path}: {e}") from None
 
 
 def open_client(url: str, timeout_s: float) -> NcclWeightClient:

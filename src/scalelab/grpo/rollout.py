@@ -192,14 +192,19 @@ class ServerError(RuntimeError):
     """The rollout server answered with an error or an unexpected body."""
 
 
-def post_json(url: str, body: dict, timeout_s: float) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+def _reply(req: urllib.request.Request, timeout_s: float) -> bytes:
+    """The body of the server's answer; an HTTP error status as a ServerError naming method, URL and reply."""
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            raw = resp.read()
+            return resp.read()
     except urllib.error.HTTPError as e:
-        raise ServerError(f"POST {url}: HTTP {e.code}: {e.read()[:500].decode('utf-8', 'replace')}") from None
+        raise ServerError(f"{req.get_method()} {req.full_url}: HTTP {e.code}: "
+                          f"{e.read()[:500].decode('utf-8', 'replace')}") from None
+
+
+def post_json(url: str, body: dict, timeout_s: float) -> dict:
+    raw = _reply(urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                        headers={"Content-Type": "application/json"}), timeout_s)
     try:
         return json.loads(raw) if raw.strip() else {}
     except json.JSONDecodeError:  # some endpoints (e.g. /v1/load_lora_adapter) answer in plain text
@@ -207,11 +212,7 @@ def post_json(url: str, body: dict, timeout_s: float) -> dict:
 
 
 def get_json(url: str, timeout_s: float) -> dict:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        raise ServerError(f"GET {url}: HTTP {e.code}: {e.read()[:500].decode('utf-8', 'replace')}") from None
+    return json.loads(_reply(urllib.request.Request(url, method="GET"), timeout_s))
 
 
 def completion_tokens(choice: dict) -> tuple[list[int], list[float]]:

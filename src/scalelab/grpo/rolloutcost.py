@@ -72,10 +72,11 @@ def step_cost_lines(costs: Sequence[StepCost]) -> list[str]:
 def _reading(costs: Sequence[StepCost]) -> list[str]:
     """The sentences the table supports: vLLM's step growth with the batch and its distance from the floor."""
     v = [c for c in costs if c.vllm_ms is not None]
-    small = min(v, key=lambda c: (c.sequences, c.vllm_ms), default=None)
-    large = min((c for c in v if c.sequences == max(x.sequences for x in v)), key=lambda c: c.vllm_ms, default=None)
-    if small is None or large is None or large.sequences == small.sequences:
+    if len({c.sequences for c in v}) < 2:
         return []
+    top = max(c.sequences for c in v)
+    small = min(v, key=lambda c: (c.sequences, c.vllm_ms))
+    large = min((c for c in v if c.sequences == top), key=lambda c: c.vllm_ms)
     per_seq_us = 1e3 * (large.vllm_ms - small.vllm_ms) / (large.sequences - small.sequences)
     text = (f"vLLM's fastest step grows from {small.vllm_ms:.1f} ms at {small.sequences:,} sequences to "
             f"{large.vllm_ms:.1f} ms at {large.sequences:,} (~{per_seq_us:.0f} us per extra running sequence), "
