@@ -17,8 +17,9 @@
 # battery.lm_eval_batch_size = 64 took ~60 GB per process and three processes on one H200 ran out of memory;
 # keep it at 16-32 with three processes per GPU, or PER_GPU=2 at 64.
 # Schedule: the runs train one after another on the first GPU while the base model's battery runs on the last
-# one (it needs no adapter); then one `dpo battery --side tuned` process per run, round-robin over GPUS (MMLU
-# through lm-eval is bound by one CPU core per process, so runs side by side finish ~5x sooner); last, one
+# one (it needs no adapter); each run's `dpo battery --side tuned` process starts on a GPU with a free slot as
+# soon as that run has trained (MMLU through lm-eval is bound by one CPU core per process, so runs side by side
+# finish ~5x sooner); last, one
 # `dpo battery` over the sweep assembles battery.json and the reports from the saved records.
 # Every stage resumes: a call cut short by BUDGET_S continues where it stopped when run again on the same machine.
 # Results: $OUT/smollm2-sweep.tar.gz (the sweep folder without checkpoints or weights) and $OUT/dpo.log.
@@ -62,8 +63,9 @@ battery_side() {  # $1 = run folder, $2 = side, $3 = GPU, then --set overrides
   echo "battery $side $(basename "$run") on GPU $gpu: exit $rc"
 }
 
-free_gpu() {  # the first GPU running fewer than PER_GPU battery processes, or nothing
-  local g; for g in "${GPUS[@]}"; do (( load[$g] < PER_GPU )) && { echo "$g"; return; }; done
+free_gpu() {  # the least loaded GPU while it runs fewer than PER_GPU battery processes, or nothing
+  local g best=; for g in "${GPUS[@]}"; do [[ -z $best ]] || (( load[$g] < load[$best] )) && best=$g; done
+  (( load[$best] < PER_GPU )) && echo "$best"
 }
 
 base_battery() {  # as soon as the first run folder has its config: the base side on the last GPU
@@ -72,22 +74,40 @@ base_battery() {  # as soon as the first run folder has its config: the base sid
   battery_side "$first" base "${GPUS[-1]}" "$@"
 }
 
+launch_ready() {  # one `--side tuned` battery per run whose training has ended (results.json), on a free GPU
+  local run gpu
+  for run in "${RUN_DIRS[@]}"; do
+    [[ -n ${launched[$run]:-} || ! -f $run/results.json ]] && continue
+    gpu=$(free_gpu); [[ -n $gpu ]] || return 0
+    battery_side "$run" tuned "$gpu" "$@" & gpu_of[$!]=$gpu; load[$gpu]=$(( load[$gpu] + 1 )); launched[$run]=1
+  done
+}
+
+reap() {  # frees the GPU slot of every battery process that has ended
+  local pid; for pid in "${!gpu_of[@]}"; do
+    kill -0 "$pid" 2>/dev/null && continue
+    load[${gpu_of[$pid]}]=$(( load[${gpu_of[$pid]}] - 1 )); unset "gpu_of[$pid]"
+  done
+}
+
 {
   echo "start $(date -u +%FT%TZ) GPUS=${GPUS[*]} budget ${BUDGET_S}s"
-  base_battery "$@" & base_pid=$!
-  sweep dpo 0.05,0.1,0.3 "$@" && sweep ipo,orpo 0.1 "$@"
-  echo "sweep exit=$? at $(( BUDGET_S - $(left) ))s"
-  declare -A load gpu_of; for g in "${GPUS[@]}"; do load[$g]=0; done
-  gpu_of[$base_pid]=${GPUS[-1]}; load[${GPUS[-1]}]=1
-  for run in "$SWEEP"/dpo-beta0.05 "$SWEEP"/dpo-beta0.1 "$SWEEP"/dpo-beta0.3 "$SWEEP"/ipo-beta0.1 "$SWEEP"/orpo-beta0.1; do
-    [[ -f $run/adapter/adapter_model.safetensors ]] || { echo "no adapter yet: $run"; continue; }
-    gpu=$(free_gpu)
-    while [[ -z $gpu ]]; do  # every GPU holds PER_GPU battery processes: wait for one to end
-      wait -n -p ended; [[ -n ${gpu_of[$ended]:-} ]] && load[${gpu_of[$ended]}]=$(( load[${gpu_of[$ended]}] - 1 ))
-      gpu=$(free_gpu)
-    done
-    battery_side "$run" tuned "$gpu" "$@" & gpu_of[$!]=$gpu; load[$gpu]=$(( load[$gpu] + 1 ))
+  RUN_DIRS=("$SWEEP"/dpo-beta0.05 "$SWEEP"/dpo-beta0.1 "$SWEEP"/dpo-beta0.3 "$SWEEP"/ipo-beta0.1 "$SWEEP"/orpo-beta0.1)
+  declare -A load gpu_of launched; for g in "${GPUS[@]}"; do load[$g]=0; done
+  base_battery "$@" & gpu_of[$!]=${GPUS[-1]}; load[${GPUS[-1]}]=1
+  { sweep dpo 0.05,0.1,0.3 "$@" && sweep ipo,orpo 0.1 "$@"; echo "sweep exit=$? at $(( BUDGET_S - $(left) ))s"; } &
+  sweep_pid=$!
+  # Each run's battery starts as soon as that run has trained, while the next run trains on the first GPU.
+  while kill -0 "$sweep_pid" 2>/dev/null; do reap; launch_ready "$@"; sleep 5; done
+  while true; do
+    reap; launch_ready "$@"
+    pending=0; for run in "${RUN_DIRS[@]}"; do
+      [[ -z ${launched[$run]:-} && -f $run/results.json ]] && pending=1; done
+    (( pending )) || break
+    (( $(left) > 20 )) || break
+    sleep 5
   done
+  for run in "${RUN_DIRS[@]}"; do [[ -f $run/results.json ]] || echo "not trained: $run"; done
   wait
   echo "batteries done at $(( BUDGET_S - $(left) ))s"
   t=$(left)
