@@ -96,4 +96,42 @@ def test_other_bench_files_get_their_own_rows_and_the_goal_verdict(tmp_path):
     write_json(tmp_path / "variants" / "64x16-flat-graphs.json", other)
     text = write_docs(tmp_path, tmp_path / "docs" / "grpo.md").read_text()
     assert "| variants/64x16-flat-graphs.json | 1,024 x 32 | fixed | 2,000 | 1,200 | 0.60 | True | 1024 | inprocess |" in text
-    assert "Best vLLM / HF ratio over these files: **4.00x**; goal >= 5x: not met." in text
+    assert ("Best vLLM / HF ratio over these files: **4.00x** (rollout_bench.json); with fixed lengths: **4.00x** "
+            "(rollout_bench.json); goal >= 5x: not met.") in text
+    # a long-tailed file over the goal: met only there, and the verdict says so
+    tailed = copy.deepcopy(other)
+    tailed["ratio_vllm_over_hf"] = 6.0
+    tailed["lengths"] = {"emulated": True, "mode": "lognormal", "mean": 200.0, "max_over_mean": 3.0}
+    write_json(tmp_path / "variants" / "64x16-lognormal.json", tailed)
+    text = write_docs(tmp_path, tmp_path / "docs" / "grpo.md").read_text()
+    assert ("**6.00x** (variants/64x16-lognormal.json); with fixed lengths: **4.00x** (rollout_bench.json); goal >= "
+            "5x: met only with long-tailed lengths (lognormal (mean 200, max/mean 3.0)), not with fixed lengths.") in text
+
+
+def _server_sync(shape: str, err: tuple[float, float], restored_diff: float = 0.0) -> dict:
+    timing = lambda m, ms: {"method": m, "bytes": 3_000_000_000, "first_ms": 2 * ms, "median_ms": ms,  # noqa: E731
+                            "runs_ms": [ms], "gb_per_s": 3.0 / ms * 1e3}
+    check = lambda m, e: {"method": m, "changed": True, "max_hf_logprob_err": e, "restored_tokens_equal": True,  # noqa
+                          "max_restored_logprob_diff": restored_diff, "ok": e <= 0.1 and restored_diff <= 1e-3}
+    return {"model": {"shape": shape}, "tol": 0.1, "timings": [timing("nccl", 100.0), timing("safetensors", 1500.0)],
+            "checks": [check("nccl", err[0]), check("safetensors", err[1])]}
+
+
+def test_server_syncs_are_tabled_with_their_share_of_a_step_and_the_check_read_right(tmp_path):
+    """NCCL 100 ms vs a 1,500 ms reload = 15.0x; the same-shape bench's step: vLLM rollout 2,048 + update 3,000 =
+    5,048 ms, so the sync is 100 / 5,148 = 1.9%. An equal miss of the tolerance by both methods with an exact
+    restore is read as the engines' forward gap; unequal errors are a failed check."""
+    import copy
+    bench = copy.deepcopy(BENCH)
+    bench["model"]["name"] = "random:tiny"
+    write_json(tmp_path / "rollout_bench.json", bench)
+    write_json(tmp_path / "nccl" / "a.json", _server_sync("tiny", (0.05, 0.05)))
+    write_json(tmp_path / "nccl" / "b.json", _server_sync("big", (0.2, 0.2)))
+    write_json(tmp_path / "nccl" / "c.json", _server_sync("big", (0.02, 0.3)))
+    text = write_docs(tmp_path, tmp_path / "docs" / "grpo.md").read_text()
+    assert "| nccl/a.json | tiny | nccl | 100.0 | 200 | 3.00 | 30.0 | 0.050 (tol 0.1) | yes | exact | ok |" in text
+    assert "tiny: NCCL 100 ms against 1,500 ms for the file reload, 15.0x faster." in text
+    assert "(rollout + update 5,048 ms) an NCCL sync is 1.9% of the step." in text
+    assert "| nccl/b.json | big | nccl | 100.0 | 200 | 3.00 | 30.0 | 0.200 (tol 0.1) | yes | exact | FAILED |" in text
+    assert "with the same error, 0.200, after every method" in text
+    assert "The check FAILED: see the table." in text  # c.json: the methods disagree

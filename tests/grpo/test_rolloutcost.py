@@ -9,12 +9,12 @@ from scalelab.grpo.rolloutcost import gpu_floor_ms, step_cost_lines, step_costs
 
 
 def bench(sequences: int, hf_ms: float, vllm_ms: float | None, core: str = "inprocess", new: int = 100,
-          emulated: bool = False, n_params: int = 1_000_000_000) -> dict:
+          emulated: bool = False, n_params: int = 1_000_000_000, model: str = "m1b") -> dict:
     engines = {"hf": {"median_ms": hf_ms}}
     if vllm_ms is not None:
         engines["vllm_colocated"] = {"median_ms": vllm_ms}
     return {"batch": {"sequences": sequences, "max_new_tokens": new}, "engines": engines,
-            "model": {"n_params": n_params}, "lengths": {"emulated": emulated},
+            "model": {"name": model, "n_params": n_params}, "lengths": {"emulated": emulated},
             "vllm_options": {"effective": {"engine_core": core, "flat_logprobs": True,
                                            "max_cudagraph_capture_size": sequences}}}
 
@@ -44,7 +44,22 @@ def test_reading_names_growth_spread_and_the_core_split():
     assert "HF's step at 256 sequences: 20.0 to 40.0 ms" in text
     assert "was 1.30x HF's step in the same run, against 1.25x in process" in text
     assert "engine core's own loop" in text
-    assert "| mp.json | 1,024 | 40.0 | 52.0 | subprocess |" in text
+    assert "| mp.json | m1b | 1,024 | 40.0 | 52.0 | subprocess |" in text
+
+
+def test_ceiling_is_hf_over_the_floor_and_models_are_read_apart():
+    """1B at 256 sequences: floor = max(2e9 x 256 / 989.4e12 = 0.5175 ms, 2e9 / 4.8e12 = 0.4167 ms) = 0.5175 ms;
+    HF 20 ms/step -> ceiling 38.6x. 5B at 256: floor = 2.5875 ms, HF 10 ms -> 3.9x; vLLM 5 ms -> reached 2.00x.
+    The 5B step (5 ms) is compared with the 1B step (10 ms), never folded into the 1B growth reading."""
+    costs = step_costs([("a.json", bench(256, 2000.0, 1000.0)),
+                        ("b.json", bench(1024, 4000.0, 5000.0)),
+                        ("big.json", bench(256, 1000.0, 500.0, n_params=5_000_000_000, model="m5b"))])
+    text = "\n".join(step_cost_lines(costs))
+    assert "| big.json | m5b | 256 | 10.0 | 5.0 | inprocess | 2.59 | 1.9x | 3.9x |" in text
+    assert "m1b: vLLM's fastest step grows from 10.0 ms at 256 sequences" in text  # not the 5B file's 5.0 ms
+    assert "m1b at 256 sequences 38.6x (vLLM reached 2.00x)" in text
+    assert "m5b at 256 sequences 3.9x (vLLM reached 2.00x)" in text
+    assert "10.0 ms for m1b and 5.0 ms for m5b, 5.0x the parameters: the step took 0.50x as long" in text
 
 
 def test_no_vllm_no_reading():
