@@ -11,7 +11,10 @@ Correctness, per method: greedy completions of fixed prompts with the original w
 perturbed, w += noise * std(w) * N(0, 1) (seeded), and synced: the server's tokens or logprobs must differ from
 A's, and its logprobs must match the trainer's HF forward of the perturbed weights on the same tokens within
 --tol (bf16 on both sides; a tensor the server did not take, e.g. a tied head, shows here); the original weights
-synced back: A's tokens again, logprobs within 1e-3.
+synced back: A's tokens again, logprobs within 1e-3. Across methods ("agreement"): every method perturbs the same
+weights with the same seed, so the server's output after NCCL must equal its output after the file reload (vLLM's
+own loader), tokens and logprobs within 1e-3: in a deep bf16 model the HF comparison alone cannot tell a sync
+fault from the two engines' forward gap.
 
     # 2 GPUs, vLLM 0.26 importable in this process (the server inherits PYTHONPATH); SmolLM2's tokenizer folder
     PYTHONPATH=$PWD/src:$PWD:/tmp/site:/tmp/vllm-site/site python3 bench/grpo_nccl_sync_bench.py \\
@@ -128,8 +131,27 @@ def perturb(model: Any, noise: float, seed: int) -> list[torch.Tensor]:
     return saved
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """The server's greedy output on the same perturbed weights, synced by `method` and by `reference` (the file
+    reload, vLLM's own loader): equal outputs mean the sync delivered the weights the loader would have, which the
+    HF comparison cannot tell apart from a bf16 gap between HF's and vLLM's forward in a deep model."""
+    method: str
+    reference: str
+    tokens_equal: bool
+    max_logprob_diff: float  # over the tokens both produced, position by position
+    ok: bool
+
+
+def agreement(method: str, batch: RolloutBatch, reference: str, ref: RolloutBatch) -> Agreement:
+    same = batch.completion_ids == ref.completion_ids
+    diff = max((abs(a - b) for x, y in zip(batch.logprobs, ref.logprobs) for a, b in zip(x, y)), default=0.0)
+    return Agreement(method, reference, same, diff, same and diff <= RESTORED_TOL)
+
+
 def check_method(method: str, model: Any, engine: Any, prompts: list[list[int]], args: argparse.Namespace,
-                 versions: Iterator[int], workdir: Path) -> SyncCheck:
+                 versions: Iterator[int], workdir: Path) -> tuple[SyncCheck, RolloutBatch]:
+    """The check, and the server's greedy output on the perturbed weights (for the cross-method agreement)."""
     sync_weights(method, model, engine, next(versions), workdir)  # the original weights, by this method
     original = greedy(engine, prompts, args)
     saved = perturb(model, args.noise, args.seed + 1)
@@ -145,7 +167,7 @@ def check_method(method: str, model: Any, engine: Any, prompts: list[list[int]],
     same_tokens = back.completion_ids == original.completion_ids
     diff = max((abs(a - b) for x, y in zip(back.logprobs, original.logprobs) for a, b in zip(x, y)), default=0.0)
     ok = differs and err <= args.tol and same_tokens and diff <= RESTORED_TOL
-    return SyncCheck(method, differs, err, same_tokens, diff, ok)
+    return SyncCheck(method, differs, err, same_tokens, diff, ok), changed
 
 
 def measure(args: argparse.Namespace, workdir: Path) -> dict:
@@ -156,7 +178,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
     versions = itertools.count(1)
     try:  # timings first, so nccl's first sync is the one that forms the group
         timings = [time_method(m, model, engine, args.repeats, versions, workdir / "sync") for m in args.methods]
-        checks = [check_method(m, model, engine, prompts, args, versions, workdir / "sync") for m in args.methods]
+        checked = {m: check_method(m, model, engine, prompts, args, versions, workdir / "sync") for m in args.methods}
         server = engine.describe()
     finally:
         engine.close()
@@ -165,7 +187,10 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
                       "tied_embeddings": bool(model.config.tie_word_embeddings)},
             "devices": {"trainer": torch.cuda.get_device_name(0), "server_gpus": args.server_gpu},
             "noise": args.noise, "tol": args.tol, "timings": [asdict(t) for t in timings],
-            "checks": [asdict(c) for c in checks], "ok": all(c.ok for c in checks), "server": server}
+            "checks": [asdict(c) for c, _ in checked.values()],
+            "agreement": [asdict(agreement(m, checked[m][1], "safetensors", checked["safetensors"][1]))
+                          for m in checked if m != "safetensors" and "safetensors" in checked],
+            "ok": all(c.ok for c, _ in checked.values()), "server": server}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,7 +241,9 @@ def summary_lines(result: dict) -> list[str]:
     return [f"{t['method']}: {t['median_ms']:.1f} ms/sync median of {len(t['runs_ms'])} ({t['gb_per_s']:.1f} GB/s, "
             f"{t['bytes'] / 1e9:.2f} GB; first {t['first_ms']:.0f} ms) check "
             f"{'ok' if checks[t['method']]['ok'] else 'FAILED'} (HF err "
-            f"{checks[t['method']]['max_hf_logprob_err']:.3f})" for t in result["timings"]]
+            f"{checks[t['method']]['max_hf_logprob_err']:.3f})" for t in result["timings"]] + [
+        f"{a['method']} vs {a['reference']}: same tokens {a['tokens_equal']}, max logprob diff "
+        f"{a['max_logprob_diff']:.2e} -> {'agree' if a['ok'] else 'DISAGREE'}" for a in result.get("agreement", [])]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -135,3 +135,23 @@ def test_server_syncs_are_tabled_with_their_share_of_a_step_and_the_check_read_r
     assert "| nccl/b.json | big | nccl | 100.0 | 200 | 3.00 | 30.0 | 0.200 (tol 0.1) | yes | exact | FAILED |" in text
     assert "with the same error, 0.200, after every method" in text
     assert "The check FAILED: see the table." in text  # c.json: the methods disagree
+
+
+def test_a_server_sync_file_with_the_agreement_record_is_read_from_it(tmp_path):
+    """Agreement present: it decides. Same output after NCCL as after the reload + a missed HF tolerance = the
+    engines' forward gap; a disagreement = the sync is wrong, whatever the HF errors say."""
+    agreed = _server_sync("big", (0.2, 0.2))
+    agreed["agreement"] = [{"method": "nccl", "reference": "safetensors", "tokens_equal": True,
+                            "max_logprob_diff": 0.0, "ok": True}]
+    differs = _server_sync("big", (0.05, 0.05))
+    differs["agreement"] = [{"method": "nccl", "reference": "safetensors", "tokens_equal": False,
+                             "max_logprob_diff": 0.4, "ok": False}]
+    write_json(tmp_path / "nccl" / "agreed.json", agreed)
+    write_json(tmp_path / "nccl" / "differs.json", differs)
+    text = write_docs(tmp_path, tmp_path / "docs" / "grpo.md").read_text()
+    assert ("after nccl equals its output after the safetensors reload (same tokens, logprobs within 0.0e+00): "
+            "nccl delivered the weights vLLM's own loader reads. The HF check's miss of its tolerance (0.1) is then "
+            "the two engines' bf16 forwards, not the sync.") in text
+    assert "After nccl the server's output DIFFERS from its output after the safetensors reload" in text
+    assert "with the same error" not in text  # the heuristic is only for files without the record
+

@@ -304,6 +304,24 @@ def test_the_bench_parses_its_arguments_on_cpu(capsys):
     assert exit_help.value.code == 0 and "--server-gpu" in capsys.readouterr().out
 
 
+def test_the_bench_agreement_compares_two_methods_output_token_by_token():
+    spec = importlib.util.spec_from_file_location("grpo_nccl_sync_bench", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    from scalelab.grpo.rollout import RolloutBatch
+
+    def batch(ids, lps):
+        return RolloutBatch(((1,),) * len(ids), ids, ("",) * len(ids), lps, (False,) * len(ids), 1.0, 1, "x")
+    ref = batch(((3, 4), (5,)), ((-0.5, -1.0), (-2.0,)))
+    same = bench.agreement("nccl", batch(((3, 4), (5,)), ((-0.5, -1.0004), (-2.0,))), "safetensors", ref)
+    assert (same.tokens_equal, same.ok) == (True, True) and same.max_logprob_diff == pytest.approx(4e-4)
+    drift = bench.agreement("nccl", batch(((3, 4), (5,)), ((-0.5, -1.01), (-2.0,))), "safetensors", ref)
+    assert (drift.tokens_equal, drift.ok) == (True, False) and drift.max_logprob_diff == pytest.approx(0.01)
+    other = bench.agreement("nccl", batch(((3, 6), (5,)), ((-0.5, -1.0), (-2.0,))), "safetensors", ref)
+    assert (other.tokens_equal, other.ok) == (False, False)
+
+
 # ---------------------------------------------------------------------------------------------
 # two GPUs: a real server
 
