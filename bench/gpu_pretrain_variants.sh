@@ -5,7 +5,9 @@
 # on the carried ShareGPT shards; the summary (median step after 3 warm-up steps) goes to $OUT/pretrain_variants.json.
 #   usage: GPUS="0 1" bash bench/gpu_pretrain_variants.sh [VARIANT ...]   (default: the first six; spread over GPUS,
 #   one variant per GPU at a time, so every variant trains alone on its GPU). Named only: chunks8 / cudnn-chunks8
-#   (chunked LM head + loss, train.loss_chunks) and muon / cudnn-fp8-all-muon (the Muon step's cost).
+#   (chunked LM head + loss, train.loss_chunks), muon / cudnn-fp8-all-muon (the Muon step's cost), and
+#   cudnn-fp8-all-autotune / cudnn-fp8-all-graphs (train.compile_mode: autotuned kernels, then CUDA graphs too;
+#   autotuning compiles for minutes: raise VARIANT_TIMEOUT).
 set -uo pipefail
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; STEPS=${STEPS:-12}; DATA=${DATA:-.gpu-data/sharegpt}
@@ -20,6 +22,8 @@ declare -A VARIANTS=(
   [cudnn-chunks8]="--set train.attention=\"cudnn\" --set train.loss_chunks=8"
   [muon]="--set train.optimizer=\"muon\""
   [cudnn-fp8-all-muon]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.optimizer=\"muon\""
+  [cudnn-fp8-all-autotune]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.compile_mode=\"max-autotune-no-cudagraphs\""
+  [cudnn-fp8-all-graphs]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.compile_mode=\"max-autotune\""
 )
 names=("$@"); [ ${#names[@]} -eq 0 ] && names=(plain cudnn fp8-head fp8-all cudnn-fp8-head cudnn-fp8-all)
 run_variant() {  # name gpu

@@ -71,6 +71,20 @@ def run_script(cfg: PretrainConfig, nproc: int = 1) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.parametrize("scope", ["model", "blocks"])
+@pytest.mark.parametrize("mode,expected", [("default", None), ("max-autotune", "max-autotune")])
+def test_compile_mode_reaches_every_compiled_module(monkeypatch, data_dir, tmp_path, scope, mode, expected):
+    """train.compile_mode is what torch.compile is called with, for the whole model or each block and the head
+    ('default' = torch's own default, no mode argument value)."""
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda m, mode=None: seen.append(mode) or m)
+    cfg = make_cfg(data_dir, tmp_path / "run", "train.compile=true", f'train.compile_scope="{scope}"',
+                   f'train.compile_mode="{mode}"')
+    model = train_gpt.GPT(cfg.model)
+    train_gpt.wrap_model(model, cfg, 1, torch.device("cpu"), torch.float32)
+    assert seen == [expected] * (1 if scope == "model" else cfg.model.n_layer + 1)
+
+
 def test_lr_schedule_hand_computed():
     cfg = load_pretrain_config(None, ["optim.lr=1.0", "optim.min_lr_ratio=0.1", "schedule.warmup_steps=10",
                                       "train.max_steps=110"])

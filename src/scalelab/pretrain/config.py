@@ -95,6 +95,9 @@ class TrainConfig:
     compile: bool = param(False, "torch.compile the model")
     compile_scope: Literal["model", "blocks"] = param("model", "compile the whole model, or each block and the "
                                                                "head apart (torchtitan; suits FSDP2)")
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"] = param(
+        "default", "torch.compile mode: autotuned Triton matmul/attention choices, and CUDA graphs against "
+                   "per-kernel launch cost (max-autotune, reduce-overhead)")
     parallel: Literal["ddp", "fsdp2"] = param("ddp", "data-parallel wrapper when world size > 1")
     fp8: Literal["none", "lm_head", "all"] = param("none", "FP8 matmuls (e4m3 forward, e5m2 gradients, per-tensor "
                                                            "scales): the output head only, or every Linear")

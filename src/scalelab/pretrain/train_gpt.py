@@ -289,10 +289,11 @@ def wrap_model(model: nn.Module, cfg: PretrainConfig, world: int, device: torch.
     """FSDP2 shards each block then the root (Zhao et al. 2023); DDP replicates (Li et al. 2020).
     compile_scope 'blocks' compiles each block and the head apart (torchtitan's layout), which keeps
     FSDP2's all-gather hooks outside the compiled graphs instead of breaking one graph at every block."""
+    mode = None if cfg.train.compile_mode == "default" else cfg.train.compile_mode
     if cfg.train.compile and cfg.train.compile_scope == "blocks":
         for i, block in enumerate(model.transformer.h):
-            model.transformer.h[i] = torch.compile(block)  # checkpoint keys stay clean: DCP strips _orig_mod
-        model.head = torch.compile(model.head)
+            model.transformer.h[i] = torch.compile(block, mode=mode)  # checkpoint keys stay clean: DCP strips _orig_mod
+        model.head = torch.compile(model.head, mode=mode)
     if world > 1 and cfg.train.parallel == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         # bf16 params for compute and all-gathers (half the bytes), fp32 gradient reduce-scatter
@@ -301,7 +302,7 @@ def wrap_model(model: nn.Module, cfg: PretrainConfig, world: int, device: torch.
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
     if cfg.train.compile and cfg.train.compile_scope == "model":
-        model = torch.compile(model)
+        model = torch.compile(model, mode=mode)
     if world > 1 and cfg.train.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
