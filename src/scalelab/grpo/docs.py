@@ -59,9 +59,10 @@ def _primary_run(root: Path) -> Path | None:
     return best
 
 
-def _other_benches(root: Path, primary: Path | None) -> list[tuple[str, dict]]:
-    """Every other JSON under root written by the rollout bench (other batch sizes, vLLM option variants)."""
-    out = []
+def _bench_files(root: Path, primary: Path | None) -> tuple[list[tuple[str, dict]], list[tuple[str, dict]]]:
+    """One pass over every JSON under root: (path, data) of the rollout-bench files other than the primary (other
+    batch sizes, vLLM option variants), then of bench/grpo_nccl_sync_bench.py's (timed syncs into a vLLM server)."""
+    benches, syncs = [], []
     for f in sorted(root.rglob("*.json")):
         if f == primary or f.name in ("seeds.json", "staleness.json", "hacking.json"):
             continue
@@ -69,22 +70,13 @@ def _other_benches(root: Path, primary: Path | None) -> list[tuple[str, dict]]:
             data = read_json(f)
         except ValueError:
             continue
-        if isinstance(data, dict) and "engines" in data and "batch" in data:
-            out.append((str(f.relative_to(root)), data))
-    return out
-
-
-def _server_syncs(root: Path) -> list[tuple[str, dict]]:
-    """Every JSON under root written by bench/grpo_nccl_sync_bench.py (timed syncs into a vLLM server)."""
-    out = []
-    for f in sorted(root.rglob("*.json")):
-        try:
-            data = read_json(f)
-        except ValueError:
+        if not isinstance(data, dict):
             continue
-        if isinstance(data, dict) and "timings" in data and "checks" in data:
-            out.append((str(f.relative_to(root)), data))
-    return out
+        if "engines" in data and "batch" in data:
+            benches.append((str(f.relative_to(root)), data))
+        elif "timings" in data and "checks" in data:
+            syncs.append((str(f.relative_to(root)), data))
+    return benches, syncs
 
 
 def find_inputs(results_dir: str | Path) -> DocInputs:
@@ -99,7 +91,7 @@ def find_inputs(results_dir: str | Path) -> DocInputs:
     load = lambda k: read_json(files[k]) if files[k] else None  # noqa: E731
     return DocInputs(root, load("rollout_bench"), load("seeds"), load("staleness"), load("hacking"),
                      report.summarize(run_dir) if run_dir else None, sources,
-                     _other_benches(root, files["rollout_bench"]), _server_syncs(root))
+                     *_bench_files(root, files["rollout_bench"]))
 
 
 # ---------------------------------------------------------------------------------------------
