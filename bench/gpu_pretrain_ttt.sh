@@ -22,6 +22,8 @@
 #   another recipe:                RECIPE_SETS='train.optimizer="muon" optim.muon_lr=0.03' bash ...
 #   a recipe with its own, shorter schedule (warmup and decay end within it, still stopping at the target):
 #                                  RECIPE_TOKENS=62914560 bash bench/gpu_pretrain_ttt.sh     (120 steps)
+#   a recipe with its own batch (tokens per optimizer step; its steps = RECIPE_TOKENS / this):
+#                                  RECIPE_TOKENS_PER_STEP=262144 RECIPE_TOKENS=62914560 bash ...   (240 steps)
 #   toy run on a CPU: tests/pretrain/test_ttt.py (EXTRA_SETS='train.device="cpu" ...', TOKENS_PER_STEP=64)
 set -uo pipefail
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -32,17 +34,19 @@ RESULT=${RESULT:-results/h200/pretrain_time_to_target.json}
 CONFIG=${CONFIG:-configs/pretrain/gpt2-124m-fineweb-edu.toml}
 BASE_SETS=${BASE_SETS:-}
 RECIPE_SETS=${RECIPE_SETS:-'train.optimizer="muon" train.attention="cudnn" train.fp8="all"'}
-TOKENS_PER_STEP=${TOKENS_PER_STEP:-524288}   # the config's total_batch_tokens (also set it when EXTRA_SETS does)
+TOKENS_PER_STEP=${TOKENS_PER_STEP:-524288}   # the baseline's train.total_batch_tokens (the config's 0.5M)
+RECIPE_TOKENS_PER_STEP=${RECIPE_TOKENS_PER_STEP:-$TOKENS_PER_STEP}   # the recipe's; default: the same batch
 STEPS=$(( TOKENS / TOKENS_PER_STEP ))
-RECIPE_STEPS=$(( ${RECIPE_TOKENS:-$TOKENS} / TOKENS_PER_STEP ))  # the recipe's schedule length; default: the same
+RECIPE_STEPS=$(( ${RECIPE_TOKENS:-$TOKENS} / RECIPE_TOKENS_PER_STEP ))  # the recipe's schedule length
 mkdir -p "$OUT" "$ROOT"
 start=$(date +%s); todo=0
 common=(--config "$CONFIG" --set "data.dir=\"$DATA\"" --set "run.out_dir=\"$ROOT\"" --set 'run.gpu="h200"'
         --set train.max_steps=$STEPS --set train.val_every=$VAL_EVERY --set train.checkpoint_every=$CKPT_EVERY
         --set schedule.warmup_steps=$(( STEPS / 10 )))   # warmup 10% of the run, as gpu_pretrain_quality.sh
 key=$(python3 -c 'import json,sys; print(json.dumps(dict(zip(["tokens","recipe_tokens","val_every","data","config",
-"base_sets","recipe_sets","extra_sets"], sys.argv[1:]))))' "$TOKENS" "${RECIPE_TOKENS:-$TOKENS}" "$VAL_EVERY" "$DATA" \
-  "$CONFIG" "$BASE_SETS" "$RECIPE_SETS" "${EXTRA_SETS:-}")   # runs and results of other settings are never mixed
+"base_sets","recipe_sets","extra_sets","tokens_per_step","recipe_tokens_per_step"], sys.argv[1:]))))' "$TOKENS" \
+  "${RECIPE_TOKENS:-$TOKENS}" "$VAL_EVERY" "$DATA" "$CONFIG" "$BASE_SETS" "$RECIPE_SETS" "${EXTRA_SETS:-}" \
+  "$TOKENS_PER_STEP" "$RECIPE_TOKENS_PER_STEP")   # runs and results of other settings are never mixed
 ttt() { python3 bench/gpu_pretrain_ttt.py "$1" --root "$ROOT" --result "$RESULT" --key "$key" "${@:2}"; }
 ttt check || exit 2   # a results file of other settings is never mixed in
 if [ -f "$ROOT/settings.json" ] && [ "$(cat "$ROOT/settings.json")" != "$key" ]; then
@@ -67,10 +71,10 @@ run() {  # name "k=v k=v": train (or resume) one run in the time left; returns 0
   todo=1; return 1
 }
 
-if run baseline "$BASE_SETS"; then
+if run baseline "train.total_batch_tokens=$TOKENS_PER_STEP $BASE_SETS"; then
   target=$(ttt target)
   echo "== target val loss (baseline, $TOKENS tokens): $target"
-  run recipe "train.max_steps=$RECIPE_STEPS schedule.warmup_steps=$(( RECIPE_STEPS / 10 )) $RECIPE_SETS \
+  run recipe "train.total_batch_tokens=$RECIPE_TOKENS_PER_STEP train.max_steps=$RECIPE_STEPS schedule.warmup_steps=$(( RECIPE_STEPS / 10 )) $RECIPE_SETS \
 train.target_val_loss=$target"
 fi
 commands=()

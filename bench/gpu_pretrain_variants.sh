@@ -7,7 +7,8 @@
 #   one variant per GPU at a time, so every variant trains alone on its GPU). Named only: chunks8 / cudnn-chunks8
 #   (chunked LM head + loss, train.loss_chunks), muon / cudnn-fp8-all-muon (the Muon step's cost), and
 #   cudnn-fp8-all-autotune / cudnn-fp8-all-graphs (train.compile_mode: autotuned kernels, then CUDA graphs too;
-#   autotuning compiles for minutes: raise VARIANT_TIMEOUT).
+#   autotuning compiles for minutes: raise VARIANT_TIMEOUT). A name "_" holds a place in the round-robin and runs
+#   nothing: GPUS="0 1" ... plain cudnn-fp8-all-autotune cudnn-fp8-all _ puts both short ones on GPU 0.
 set -uo pipefail
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; STEPS=${STEPS:-12}; DATA=${DATA:-.gpu-data/sharegpt}
@@ -27,6 +28,8 @@ declare -A VARIANTS=(
 )
 names=("$@"); [ ${#names[@]} -eq 0 ] && names=(plain cudnn fp8-head fp8-all cudnn-fp8-head cudnn-fp8-all)
 run_variant() {  # name gpu
+  [ "$1" = _ ] && return
+  [ -v "VARIANTS[$1]" ] || { echo "unknown variant $1 (known: ${!VARIANTS[*]})"; return; }
   local name=$1 start=$(date +%s); eval "local extra=(${VARIANTS[$1]})"
   CUDA_VISIBLE_DEVICES=$2 timeout ${VARIANT_TIMEOUT:-170} python3 src/scalelab/pretrain/train_gpt.py \
     --config configs/pretrain/gpt2-124m-fineweb-edu.toml --set "data.dir=\"$DATA\"" --set run.out_dir=\"/tmp/variants\" \

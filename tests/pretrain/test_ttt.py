@@ -103,9 +103,10 @@ def test_bench_script_end_to_end_on_cpu(tmp_path):
     (data / "manifest.json").write_text(json.dumps({"source": "markov", "seed": 1}))
     tiny = ('train.device="cpu" train.compile=false train.dtype="float32" model.n_layer=2 model.n_head=2 '
             'model.n_embd=32 model.block_size=16 model.vocab_size=256 model.padded_vocab_size=256 '
-            'train.micro_batch_size=4 train.total_batch_tokens=64 optim.lr=3e-3')
+            'train.micro_batch_size=2 optim.lr=3e-3')  # 32 tokens per micro-step
     env = {**os.environ, "OUT": str(tmp_path / "out"), "ROOT": str(tmp_path / "root"), "DATA": str(data),
-           "RESULT": str(tmp_path / "result.json"), "TOKENS": str(64 * 30), "TOKENS_PER_STEP": "64", "VAL_EVERY": "5",
+           "RESULT": str(tmp_path / "result.json"), "TOKENS": str(64 * 30), "TOKENS_PER_STEP": "64",
+           "RECIPE_TOKENS_PER_STEP": "32", "RECIPE_TOKENS": str(32 * 40), "VAL_EVERY": "5",
            "CKPT_EVERY": "10", "MIN_LEFT_S": "30", "EXTRA_SETS": tiny, "RECIPE_SETS": 'train.optimizer="muon" optim.muon_lr=0.03',
            "OMP_NUM_THREADS": "1", "SCALELAB_GIT_SHA": "0" * 40,
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
@@ -115,6 +116,8 @@ def test_bench_script_end_to_end_on_cpu(tmp_path):
     doc = json.loads((tmp_path / "out" / "pretrain_time_to_target.json").read_text())
     base, recipe, verdict = doc["runs"]["baseline"], doc["runs"]["recipe"], doc["verdict"]
     assert base["steps"] == 30 and verdict["target_val_loss"] == base["final_val_loss"]
+    assert base["tokens"] == 64 * 30 and recipe["tokens"] == 32 * recipe["steps"]  # each run at its own batch
+    assert "train.max_steps=40" in doc["commands"]["recipe"]  # RECIPE_TOKENS / RECIPE_TOKENS_PER_STEP
     if verdict["status"] == "done":  # the recipe stopped at its first evaluation at or below the target
         assert recipe["steps"] == verdict["recipe_to_target"]["step"] and recipe["final_val_loss"] <= base[
             "final_val_loss"]
