@@ -20,8 +20,8 @@
 # that a fresh machine skips a finished baseline. Repeat until it prints "complete".
 #   usage (device, data carried):  bash bench/gpu_pretrain_ttt.sh
 #   another recipe:                RECIPE_SETS='train.optimizer="muon" optim.muon_lr=0.03' bash ...
-#   a recipe with its own, shorter schedule (warmup and decay end within it, still stopping at the target):
-#                                  RECIPE_TOKENS=62914560 bash bench/gpu_pretrain_ttt.sh     (120 steps)
+#   the recipe's schedule length (warmup and decay end within it; it still stops at the target; default 0.6 x
+#   TOKENS, the goal's budget):    RECIPE_TOKENS=104857600 bash bench/gpu_pretrain_ttt.sh    (200 steps)
 #   a recipe with its own batch (tokens per optimizer step; its steps = RECIPE_TOKENS / this):
 #                                  RECIPE_TOKENS_PER_STEP=262144 RECIPE_TOKENS=62914560 bash ...   (240 steps)
 #   toy run on a CPU: tests/pretrain/test_ttt.py (EXTRA_SETS='train.device="cpu" ...', TOKENS_PER_STEP=64)
@@ -33,7 +33,10 @@ MIN_LEFT_S=${MIN_LEFT_S:-240}   # do not start a run with less: compile (~1.5 mi
 RESULT=${RESULT:-results/h200/pretrain_time_to_target.json}
 CONFIG=${CONFIG:-configs/pretrain/gpt2-124m-fineweb-edu.toml}
 BASE_SETS=${BASE_SETS:-}
-RECIPE_SETS=${RECIPE_SETS:-'train.optimizer="muon" train.attention="cudnn" train.fp8="all"'}
+# the measured recipe (results/h200/pretrain_time_to_target.json): Muon on the hidden matrices, 3x llm.c's AdamW lr
+# for the rest, cuDNN attention and the chunked loss (the two fastest exact options, pretrain_variants_round2.json)
+RECIPE_SETS=${RECIPE_SETS:-'train.optimizer="muon" train.attention="cudnn" train.loss_chunks=8 optim.lr=1.8e-3'}
+RECIPE_TOKENS=${RECIPE_TOKENS:-$(( TOKENS * 6 / 10 ))}   # its schedule ends at the goal: 0.6 x TOKENS (120 steps)
 TOKENS_PER_STEP=${TOKENS_PER_STEP:-524288}   # the baseline's train.total_batch_tokens (the config's 0.5M)
 RECIPE_TOKENS_PER_STEP=${RECIPE_TOKENS_PER_STEP:-$TOKENS_PER_STEP}   # the recipe's; default: the same batch
 STEPS=$(( TOKENS / TOKENS_PER_STEP ))

@@ -22,6 +22,7 @@ from scalelab.core.hardware import get_hardware
 from scalelab.core.jsonio import read_json, write_json
 from scalelab.pretrain import calibrate as cal
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
+from scalelab.pretrain.ladder_check import check_ladder
 from scalelab.pretrain.predict import count_params, predict, workload
 from scalelab.pretrain.scaling_law import CHINCHILLA_PRIOR
 
@@ -32,7 +33,8 @@ SWEEP = "results/h200/pretrain_sweep_1gpu.json"
 S1 = "results/h200/pretrain_124m_1gpu_ddp_fsdp2.json"
 S2 = "results/h200/pretrain_124m_fsdp2_mixed_precision.json"
 VARIANTS = "results/h200/pretrain_recipe_variants.json"
-INPUTS = (RECIPE, SWEEP, S1, S2, VARIANTS)
+LADDER = "results/h200/scaling_ladder.json"
+INPUTS = (RECIPE, SWEEP, S1, S2, VARIANTS, LADDER)
 
 
 def shape(n_layer: int, n_head: int, n_embd: int, block: int, micro_batch: int) -> tuple[str, ...]:
@@ -209,6 +211,18 @@ def prediction_row(t: Target, c: cal.Calibration, scores: dict[str, cal.RowScore
             "measured_memory_gib": measured.memory_gib_measured if measured else None}
 
 
+def loss_ladder(repo: Path) -> dict:
+    """The ladder's law scored out of sample, and 350M / 1B losses on the ladder's data at its largest budget.
+    Parameters counted as the ladder counts them (calibrate.ladder_point: without the position table)."""
+    doc = read_json(repo / LADDER)
+    sizes = {}
+    for name in ("350M", "1B"):
+        m = config(SHAPES[name], repo).model
+        sizes[name] = float(count_params(m) - m.block_size * m.n_embd)
+    return {"source": LADDER, "data_manifest_sha256": doc["data_manifest_sha256"], "points": len(doc["points"]),
+            **check_ladder(doc["points"], sizes)}
+
+
 def time_to_target(predictions: list[dict], ddp_efficiency: float) -> list[dict]:
     """Hours and dollars on 8 x H100 for each published token count: D / (predicted tokens/s x the DDP
     efficiency measured on 2 x H200, assumed to hold at 8), x 8 GPUs x the hardware table's price."""
@@ -272,7 +286,8 @@ def document(repo: Path) -> dict:
             "summary": summary(row_docs), "rows": row_docs, "excluded": list(EXCLUDED),
             "ablation": ablation(rows), "transfer": {"h100-sxm": cal.for_hardware(c, get_hardware("h100-sxm")).note},
             "ddp_efficiency_2gpu": {"value": ddp, "source": f"{S1} scaling_efficiency_2gpu.ddp"},
-            "predictions": preds, "time_to_target": time_to_target(preds, ddp), "references": REFERENCES,
+            "predictions": preds, "time_to_target": time_to_target(preds, ddp), "loss_ladder": loss_ladder(repo),
+            "references": REFERENCES,
             "provenance": provenance(repo)}
 
 
@@ -295,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     for t in doc["time_to_target"]:
         print(f"{t['bar']}: {t['hours']:.3f} h ({t['hours_interval'][0]:.3f}-{t['hours_interval'][1]:.3f}), "
               f"${t['cost_usd']:,.2f}")
+    lad = doc["loss_ladder"]
+    for h in lad["held_out"]:
+        print(f"ladder without its {h['split']}: max held-out error {h['max_abs_error']:+.1%}")
+    for p in lad["predictions"]:
+        print(f"ladder law: {p['size']} at {p['tokens']:,.0f} tokens -> {p['loss']:.3f} "
+              f"({p['interval'][0]:.3f}-{p['interval'][1]:.3f})")
     print(f"wrote {OUT}")
     return 0
 

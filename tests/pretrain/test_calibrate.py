@@ -192,7 +192,7 @@ def test_committed_calibration_is_what_the_bench_computes():
         sys.path.pop(0)
     fresh, committed = bench.document(REPO), read_json(REPO / bench.OUT)
     for key in ("throughput_fit", "memory_fit", "intervals", "fitted_on", "summary", "rows", "predictions",
-                "time_to_target"):
+                "time_to_target", "loss_ladder"):
         assert rounded(json.loads(json.dumps(fresh[key]))) == rounded(committed[key]), key
     assert committed["summary"]["tokens_per_s"]["within_10pct"] == committed["summary"]["tokens_per_s"]["held_out"]
     assert set(committed["fitted_on"]).isdisjoint(committed["held_out"])
@@ -217,6 +217,12 @@ def test_docs_are_generated_from_the_results(tmp_path):
     assert f"**{t['hours']:.2f} h**" in text and f"**${t['cost_usd']:.2f}**" in text
     s = c["summary"]["tokens_per_s"]
     assert f"{s['within_10pct']} of {s['held_out']} held-out throughputs" in text
-    assert "| cudnn-fp8-all | 516k | 1.065 |" in text and "**97.8%** scaling" in text
+    assert "| cudnn-fp8-all | 1 | 516k | 1.065 |" in text and "**97.8%** scaling" in text
     assert (tmp_path / "figures" / "pretrain_recipe_lr.png").read_bytes()[:4] == b"\x89PNG"
+    v = read_json(REPO / "results/h200/pretrain_time_to_target.json")["verdict"]   # time to target, read right
+    assert f"ratio {v['ratio']:.3f}**" in text and f"**{v['target_val_loss']:.3f}**" in text
+    held = {h["split"]: h["max_abs_error"] for h in c["loss_ladder"]["held_out"]}   # the ladder, scored
+    assert f"misses those runs by up to {100 * held['largest D']:+.1f}%" in text
+    for name in ("pretrain_ttt.png", "pretrain_ladder.png"):
+        assert (tmp_path / "figures" / name).read_bytes()[:4] == b"\x89PNG"
     assert 1200 < len(text.split()) < 2600

@@ -72,6 +72,13 @@ def test_summarize_takes_last_record_per_step(tmp_path):
     assert tps.measured == 1100.0 and tps.inside == (tps.low <= 1100.0 <= tps.high)
 
 
+def test_a_relaunch_of_the_finished_run_adds_no_wall_time(tmp_path):
+    run = make_run(tmp_path)
+    append_jsonl(run / "metrics.jsonl", {"event": "relaunch", "time_unix": 2010.0 + 36_000, "nproc": 1})
+    d = summarize(run)
+    assert d.cost.sessions == 2 and d.cost.wall_s == pytest.approx(6.5 + 10.0)
+
+
 def test_report_markdown_and_pngs(tmp_path):
     run = make_run(tmp_path, "run.price_per_gpu_hour=2.0")
     path = build_report(run)

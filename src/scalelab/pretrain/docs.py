@@ -14,6 +14,7 @@ from pathlib import Path
 from scalelab.core.hardware import get_hardware
 from scalelab.core.jsonio import read_json
 from scalelab.pretrain import calibrate as cal
+from scalelab.pretrain import docs_loss
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
 
 CALIBRATION = "results/h200/pretrain_predictor_calibration.json"
@@ -21,6 +22,7 @@ S1 = "results/h200/pretrain_124m_1gpu_ddp_fsdp2.json"
 S2 = "results/h200/pretrain_124m_fsdp2_mixed_precision.json"
 VARIANTS = "results/h200/pretrain_recipe_variants.json"
 LADDER = "results/h200/scaling_ladder.json"
+VARIANTS2 = "results/h200/pretrain_variants_round2.json"
 RECIPE = "configs/pretrain/gpt2-124m-fineweb-edu.toml"
 DEMO = "runs/pretrain/tiny-cpu"
 FIGURES = "figures"                 # beside the Markdown file
@@ -33,18 +35,20 @@ class DocInputs:
     session2: dict
     variants: dict
     ladder: dict | None             # absent until bench/gpu_scaling_ladder.sh ran
+    ttt: dict | None                # bench/gpu_pretrain_ttt.sh's results, when committed
+    variants2: dict | None          # the second round of throughput variants, when committed
     recipe: PretrainConfig
     demo: dict | None               # the CPU demo's results.json, when the run folder exists
     figures: tuple[tuple[str, str], ...] = ()   # (name, relative path) written beside the Markdown
 
 
 def load_inputs(repo: Path) -> DocInputs:
-    demo = repo / DEMO / "results.json"
-    ladder = repo / LADDER
+    optional = lambda rel: read_json(repo / rel) if (repo / rel).is_file() else None  # noqa: E731
     return DocInputs(calibration=read_json(repo / CALIBRATION),
                      session1=read_json(repo / S1), session2=read_json(repo / S2),
-                     variants=read_json(repo / VARIANTS), ladder=read_json(ladder) if ladder.is_file() else None,
-                     recipe=load_pretrain_config(repo / RECIPE), demo=read_json(demo) if demo.is_file() else None)
+                     variants=read_json(repo / VARIANTS), ladder=optional(LADDER), ttt=optional(docs_loss.TTT),
+                     variants2=optional(VARIANTS2), recipe=load_pretrain_config(repo / RECIPE),
+                     demo=optional(f"{DEMO}/results.json"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,10 +91,24 @@ def _intro(d: DocInputs) -> list[str]:
             f"{_pct(m['max_abs_error'])}). From it, the full GPT-2 124M recipe on 8 x H100 is predicted to reach the "
             f"{_ref(d, 'target_val_loss')} val-loss bar in **{ttt['hours']:.2f} h** "
             f"({ttt['hours_interval'][0]:.2f}–{ttt['hours_interval'][1]:.2f}) for **${ttt['cost_usd']:.2f}**. "
-            f"The recipe-speed goal: {d.variants['verdict'].split(':')[0]}. "
+            f"The recipe-speed goal: {_speed_verdict(d)}. " + _ttt_sentence(d)
             + ("The loss side of the prediction is still a published prior: the local scaling-law ladder is "
                "scripted but has not run." if d.ladder is None else
                f"The scaling-law ladder has {len(d.ladder.get('points', []))} finished runs."), ""]
+
+
+def _speed_verdict(d: DocInputs) -> str:
+    """The latest round's verdict, its reason included."""
+    return (d.variants2 or d.variants)["verdict"].split(":")[0]
+
+
+def _ttt_sentence(d: DocInputs) -> str:
+    v = (d.ttt or {}).get("verdict", {})
+    if v.get("status") != "done":
+        return ""
+    return (f"Time to a target loss on one H200: our recipe reaches the llm.c baseline's val loss in "
+            f"**{v['ratio']:.2f}x** its training time (goal ≤ {v['goal_ratio']}: "
+            f"{'met' if v['goal_met'] else 'not met'}). ")
 
 
 def _forms(d: DocInputs) -> list[str]:
@@ -99,18 +117,16 @@ def _forms(d: DocInputs) -> list[str]:
             "Per device, one optimizer step of k micro-steps of b = B·T tokens takes",
             "", "    step_s = k·b·( F_exec / (peak·u) + q·V / HBM ) + t_step,    F_exec = 6N + f·12·L·d·T", "",
             f"with the model FLOPs of Kaplan et al. (2020) and PaLM's attention term (Chowdhery et al. 2022, app. B). "
-            f"Two terms are counted, not fitted: f = {t['attention_executed_fraction']:g} because causal "
-            f"FlashAttention skips the masked half of the T x T square, and q = {t['bytes_per_logit']:g} bytes of HBM "
-            "traffic per logit for the softmax cross-entropy, a per-token cost that does not grow with the model. "
+            f"Two terms are counted, not fitted: f = {t['attention_executed_fraction']:g} (causal "
+            f"FlashAttention skips the masked half of the T x T square) and q = {t['bytes_per_logit']:g} bytes of HBM "
+            "traffic per logit for the cross-entropy. "
             f"Fitted: **u = {t['mfu_matmul']:.3f}** (the share of the {t['peak_flops_per_s'] / 1e12:.1f} TFLOP/s "
             f"peak the executed FLOPs reach) and **t_step = {1000 * t['step_overhead_s']:.2f} ms** per optimizer "
             "step (AdamW, grad-norm, host sync).", "",
-            "Peak memory is `static + r + b·(c·A + G)`: fp32 parameters and AdamW moments, the gradients alive at "
-            "the start of backward (all of them when accumulating, DDP buckets on top), A the activation bytes per "
-            "token counted after Korthikanti et al. (2022, eq. 1) for SDPA and bf16 autocast, G the bf16 head "
-            "output plus one fp32 vocabulary-wide tensor. "
-            f"Fitted: **c = {m['activation_scale']:.4f}** (the count needs no correction) and "
-            f"**r = {m['runtime_bytes'] / cal.GIB:.2f} GiB** of workspaces.", ""]
+            "Peak memory is `static + r + b·(c·A + G)`: fp32 weights, AdamW moments and the gradients alive at "
+            "backward's start; A the activation bytes per token (Korthikanti et al. 2022, eq. 1, for SDPA and bf16 "
+            f"autocast); G the head's output. Fitted: **c = {m['activation_scale']:.4f}** (the count needs no "
+            f"correction) and **r = {m['runtime_bytes'] / cal.GIB:.2f} GiB** of workspaces.", ""]
 
 
 def _calibration_table(d: DocInputs) -> list[str]:
@@ -134,14 +150,12 @@ def _calibration_notes(d: DocInputs) -> list[str]:
     abl = {a["form"]: a for a in c["ablation"]}
     bare = abl["neither: u and t_step only"]
     fsdp = next(r for r in c["rows"] if r["key"] == "fsdp2-2gpu")["peak_memory_gib"]["ratio"]
-    return [f"The bare two-constant form (no loss term, full attention square) misses the 350M row by "
-            f"{_signed(bare['error_350m'])}; the two counted terms were added after seeing that, so the 350M row "
-            f"checks the form's physics rather than being a blind test (with the terms: "
-            f"{_signed(abl['as used']['error_350m'])}; the full attention square alone: "
-            f"{_signed(abl['full attention square']['error_350m'])}). The 2-GPU rows are predicted as 1-GPU work "
-            f"with communication hidden, so their errors are the measured cost of the second GPU. FSDP2 memory is "
-            f"{_signed(fsdp - 1)} high: under the bf16 MixedPrecisionPolicy the residual stream is bf16, which the "
-            "count does not model. Not scored: " + "; ".join(e["reason"].split(":")[0] for e in c["excluded"]) + ".",
+    return [f"The bare two-constant form (no loss term, full attention square) missed the 350M row by "
+            f"{_signed(bare['error_350m'])}; the two counted terms were added after seeing that, so that row checks "
+            f"the form's physics rather than being a blind test (now {_signed(abl['as used']['error_350m'])}). "
+            "2-GPU rows are predicted as 1-GPU work, so their errors are the second GPU's measured cost. FSDP2 "
+            f"memory is {_signed(fsdp - 1)} high: its bf16 residual stream is not modelled. Not scored: "
+            + "; ".join(e["reason"].split(":")[0] for e in c["excluded"]) + ".",
             "", f"H100: {c['transfer']['h100-sxm']} ({get_hardware('h200').hbm_tb_s:g} TB/s on H200, "
             f"{get_hardware('h100-sxm').hbm_tb_s:g} on H100)."]
 
@@ -169,30 +183,53 @@ def _predictions(d: DocInputs) -> list[str]:
             f"The 350M check: predicted {_k(check['tokens_per_s'])} tokens/s and {check['memory_gib']:.1f} GiB "
             f"against {_k(check['measured_tokens_per_s'])} and {check['measured_memory_gib']:.1f} GiB measured "
             f"({_signed(ratio - 1)}, {_signed(check['memory_gib'] / check['measured_memory_gib'] - 1)}); it is "
-            "the worst held-out row, so it sets the throughput interval's edge. The 1B "
-            f"rows extrapolate the calibration {_extrapolation(d):.1f}x past the largest measured model; their "
-            "intervals are "
-            "the held-out ones and may be optimistic. D is the recipe's 10B tokens for 124M and "
-            f"{_ref(d, 'chinchilla_tokens_per_param'):.0f} tokens per parameter (Hoffmann et al. 2022) otherwise.",
-            "", f"Loss law used: {d.calibration['predictions'][0]['loss_law']}. Its ±25% interval is honest about "
-            "that: it is a prior, not a prediction we have tested.", ""]
+            "the worst held-out row, so it sets the throughput interval's edge. The 1B rows extrapolate "
+            f"{_extrapolation(d):.1f}x past the largest measured model, so their intervals may be optimistic. D is "
+            f"10B tokens for 124M, else {_ref(d, 'chinchilla_tokens_per_param'):.0f} per parameter "
+            "(Hoffmann et al. 2022).", "",
+            "Loss law: the Chinchilla fit (Hoffmann et al. 2022, approach 3) as a prior, ±25% because its "
+            "tokenizer and data differ from ours"
+            + ("." if d.ladder is None else "; our own ladder below is on ShareGPT, so it does not replace the "
+               "prior for FineWeb-Edu."), ""]
+
+
+def _variant_rounds(d: DocInputs) -> list[tuple[str, dict]]:
+    """(round, {variant: record}) per measurement call; each call's ratios are to the plain run beside it."""
+    rounds = [("1", d.variants["variants"])]
+    if d.variants2 is not None:
+        rounds += [("2", call["variants"]) for call in d.variants2["calls"].values()]
+    return rounds
 
 
 def _variants(d: DocInputs) -> list[str]:
-    v = d.variants
-    rows = ["| variant | tokens/s | x plain | peak GiB |", "|---|---:|---:|---:|"]
-    for name, r in sorted(v["variants"].items(), key=lambda kv: kv[1]["tokens_per_s"]):
-        rows.append(f"| {name} | {_k(r['tokens_per_s'])} | {r['speedup_vs_plain']:.3f} | {r['peak_memory_gib']:.1f} |")
-    q, best = v["quality"], max(v["variants"].items(), key=lambda kv: kv[1]["tokens_per_s"])
+    v, rounds = d.variants, _variant_rounds(d)
+    rows = ["| variant | round | tokens/s | x plain (same call) | peak GiB |", "|---|---:|---:|---:|---:|"]
+    for rnd, variants in rounds:
+        for name, r in sorted(variants.items(), key=lambda kv: kv[1]["tokens_per_s"]):
+            if name != "plain":
+                rows.append(f"| {name} | {rnd} | {_k(r['tokens_per_s'])} | {r['speedup_vs_plain']:.3f} | "
+                            f"{r['peak_memory_gib']:.1f} |")
+    q = v["quality"]
     tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
+    plain = ", ".join(f"{_k(x['plain']['tokens_per_s'])} (round {rnd})" for rnd, x in rounds)
     return ["## Recipe variants: the speed goal", "",
-            f"Goal: {v['goal']}. Each variant is the 124M recipe on one H200, beside the plain baseline.",
-            "", *rows, "",
-            f"Best: `{best[0]}` at {_k(best[1]['tokens_per_s'])} tokens/s, {best[1]['speedup_vs_plain']:.3f}x "
-            f"plain. Trained side by side with plain to {tokens / 1e6:.1f}M tokens (same seed and data order), its "
-            f"val loss is {q['final_val_diff']:+.4f} off: the quality holds. "
-            f"**Verdict: {v['verdict'].split(':')[0]}.**", "",
-            *_next_steps(d), ""]
+            f"Goal: {v['goal']}. Each variant is the 124M recipe on one H200, 10-12 steps, beside a plain run in "
+            f"the same call (plain measured {plain}).", "", *rows, "", *_variants_notes(d),
+            f"Quality: `{q['variant_sets']}` trained side by side with plain to {tokens / 1e6:.1f}M tokens (same "
+            f"seed and data order) ends {q['final_val_diff']:+.4f} off in val loss; the chunked loss computes the "
+            "same loss exactly.", "",
+            f"**Verdict: {(d.variants2 or d.variants)['verdict']}.**", "", *_next_steps(d), ""]
+
+
+def _variants_notes(d: DocInputs) -> list[str]:
+    if d.variants2 is None:
+        return []
+    calls = d.variants2["calls"].values()
+    skipped = [f"`{k}`: not measured, still compiling when cut off ({v['autotune_benchmark_s']:.0f} s of kernel "
+               "benchmarking by then)" for c in calls for k, v in c.get("not_finished", {}).items()]
+    refused = [f"`{k}`: refused by config validation ({v.split(': ', 1)[-1].split(',')[0]})"
+               for c in calls for k, v in c.get("rejected", {}).items()]
+    return [*(f"- {x}" for x in skipped + refused), ""]
 
 
 def _next_steps(d: DocInputs) -> list[str]:
@@ -208,13 +245,12 @@ def _next_steps(d: DocInputs) -> list[str]:
     compute_s = per_token_s - overhead_s - loss_s          # the part that scales as 1/u
     needed = lambda other_s: t.mfu_matmul * compute_s / (1.0 / goal - other_s)  # noqa: E731
     return [f"What it would take, read off the calibrated form: the loss term is {_pct(loss_s / per_token_s)} of a "
-            f"recipe step on one H200 and the per-step overhead {_pct(overhead_s / per_token_s)}, so {_k(goal)} "
-            f"tokens/s needs the executed-FLOP efficiency u to rise from {t.mfu_matmul:.2f} to "
-            f"{needed(loss_s + overhead_s):.2f}, or to {needed(overhead_s):.2f} with the loss term fused away. "
-            "Next to try, in that order: a fused linear + cross-entropy that never materialises the logits (llm.c's "
-            "fused classifier); FP8 with row-wise scales from a maintained library (torchao float8) instead of our "
-            "per-tensor amax passes; CUDA graphs (`max-autotune` compile) against launch overhead. Beyond that, "
-            "modded-nanogpt's gains come from changing the model and the optimizer, which is a different recipe."]
+            f"step and the per-step overhead {_pct(overhead_s / per_token_s)}, so {_k(goal)} tokens/s needs the "
+            f"executed-FLOP efficiency u to rise from {t.mfu_matmul:.2f} to {needed(loss_s + overhead_s):.2f}, or "
+            f"to {needed(overhead_s):.2f} with the loss term gone. The chunked loss gave about the size of that "
+            "term. Left to try: a fused linear + cross-entropy kernel (llm.c's fused classifier) that also "
+            "allows FP8 in the blocks, row-wise FP8 scales (torchao float8), and an autotuned compile given the "
+            "minutes it needs."]
 
 
 def _scaling(d: DocInputs) -> list[str]:
@@ -265,11 +301,15 @@ def _figure_line(d: DocInputs, name: str, caption: str) -> list[str]:
 def _loss_curve(d: DocInputs) -> list[str]:
     q = d.variants["quality"]["val_loss_by_tokens"]
     last = max(q["plain"], key=int)
-    lines = ["## The loss curve", "",
-             f"No 10B-token run exists yet. The longest GPU curve is the variants' quality check on one H200 "
-             f"(ShareGPT shards, 524,288 tokens per step): val loss {q['plain'][min(q['plain'], key=int)]:.2f} "
-             f"after {int(min(q['plain'], key=int)) / 1e6:.1f}M tokens, {q['plain'][last]:.2f} after "
-             f"{int(last) / 1e6:.1f}M, plain and FP8 together.", "",
+    ttt = (d.ttt or {}).get("runs", {}).get("baseline")
+    quality = (f"the variants' quality check on one H200 (ShareGPT, 524,288 tokens per step): val loss "
+               f"{q['plain'][min(q['plain'], key=int)]:.2f} after {int(min(q['plain'], key=int)) / 1e6:.1f}M tokens, "
+               f"{q['plain'][last]:.2f} after {int(last) / 1e6:.1f}M, plain and FP8 together")
+    if ttt is not None:
+        quality = (f"the time-to-target baseline above ({ttt['tokens'] / 1e6:.0f}M tokens, val loss "
+                   f"{ttt['final_val_loss']:.2f}); before it, the variants' quality check ({int(last) / 1e6:.1f}M "
+                   f"tokens, {q['plain'][last]:.2f})")
+    lines = ["## The loss curve", "", f"No 10B-token run exists yet. The longest GPU curve is {quality}.", "",
              *_figure_line(d, "quality", "val loss vs tokens, plain vs cuDNN attention + FP8, one H200"), ""]
     if d.demo is None:
         return lines + [f"The CPU demo's curve is made by `scalelab pretrain prepare` then `scalelab pretrain "
@@ -307,15 +347,18 @@ def _cost(d: DocInputs) -> list[str]:
 
 
 def _not_measured(d: DocInputs) -> list[str]:
-    ladder = ("the scaling-law ladder: `bench/gpu_scaling_ladder.sh` (4 sizes x 3 token budgets, resumable across "
-              "10-minute calls) writes `results/h200/scaling_ladder.json`, and `predict` then fits L(N, D) on it "
-              "for runs on the same data; until then every loss above is the Chinchilla prior"
-              if d.ladder is None or not d.ladder.get("law") else
-              f"a ladder of {len(d.ladder['points'])} runs exists, but the loss predictions above predate it")
+    ladder = ("the scaling-law ladder: `bench/gpu_scaling_ladder.sh` writes `results/h200/scaling_ladder.json`, "
+              "and `predict` then fits L(N, D) on it for runs on the same data; until then every loss above is the "
+              "Chinchilla prior" if d.ladder is None or not d.ladder.get("law") else
+              "a 350M run on the ladder's data to check the ladder law's 350M prediction, and a ladder on FineWeb-Edu "
+              "itself: the FineWeb loss predictions stay on the Chinchilla prior")
+    ttt = ("time-to-target on any corpus: no run has trained to a loss bar, on FineWeb-Edu or a proxy"
+           if (d.ttt or {}).get("verdict", {}).get("status") != "done" else
+           "time to 3.28 on FineWeb-Edu itself (the proxy above is ShareGPT), and an ablation of the recipe's parts "
+           "(Muon against the higher AdamW learning rate)")
     return ["## Not measured yet", "",
             f"- {ladder};",
-            "- time-to-target on any corpus: every GPU number here is throughput and memory on ShareGPT shards; no "
-            "run has trained to a loss bar, on FineWeb-Edu or a proxy;",
+            f"- {ttt};",
             "- the 8 x H100 run itself: its time and cost above are predictions;",
             f"- the 1B predictions (no run that size, and the model is extrapolated {_extrapolation(d):.1f}x);",
             "- FSDP2's bf16 residual stream in the memory count, and communication at 8 GPUs (assumed hidden, as "
@@ -323,8 +366,12 @@ def _not_measured(d: DocInputs) -> list[str]:
 
 
 def render(d: DocInputs) -> str:
-    return "\n".join([*_intro(d), *_forms(d), *_calibration_table(d), *_predictions(d), *_variants(d), *_scaling(d),
-                      *_recipe(d), *_loss_curve(d), *_cost(d), *_not_measured(d)])
+    figure = lambda name, caption: _figure_line(d, name, caption)  # noqa: E731
+    check = d.calibration.get("loss_ladder")
+    return "\n".join([*_intro(d), *_forms(d), *_calibration_table(d), *_predictions(d),
+                      *docs_loss.ladder_section(d.ladder, check, figure), *_variants(d), *_scaling(d),
+                      *docs_loss.time_to_target(d.ttt, d.ladder, figure), *_recipe(d), *_loss_curve(d), *_cost(d),
+                      *_not_measured(d)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,6 +411,8 @@ def make_figures(d: DocInputs, repo: Path, fig_dir: Path) -> tuple[tuple[str, st
         ax.plot([t / 1e6 for t, _ in points], [v for _, v in points], "o-", label=label)
     _save(fig, ax, "tokens (millions)", "val loss (nats/token)", fig_dir / "pretrain_quality_val_loss.png")
     made = [("lr", f"{FIGURES}/pretrain_recipe_lr.png"), ("quality", f"{FIGURES}/pretrain_quality_val_loss.png")]
+    made += [(name, f"{FIGURES}/{file}") for name, file in
+             docs_loss.make_figures(d.ttt, d.ladder, d.calibration.get("loss_ladder"), fig_dir, _figure, _save)]
     demo = repo / DEMO / "figures" / "loss.png"
     if d.demo is not None and demo.is_file():
         shutil.copyfile(demo, fig_dir / "pretrain_tiny_cpu_loss.png")

@@ -116,12 +116,18 @@ def read_events(run_dir: Path) -> list[dict]:
     return list(rd.events())
 
 
+LAUNCHER_EVENTS = ("predictions_written", "relaunch")   # logged by `pretrain train`, not by a trainer process
+
+
 def split_sessions(events: list[dict]) -> list[list[dict]]:
     """Events grouped by trainer process. A process logs `resume` (when it loads a checkpoint) and then
-    `run_start`; either opens a session. Events before the first (e.g. predictions_written) belong to none."""
+    `run_start`; either opens a session. The launcher's own events belong to none: a relaunch of a finished run
+    hours later must not stretch the last session's wall clock (and its cost) up to it."""
     sessions: list[list[dict]] = []
     for ev in events:
         kind = ev.get("event")
+        if kind in LAUNCHER_EVENTS:
+            continue
         after_resume = bool(sessions) and [e.get("event") for e in sessions[-1]] == ["resume"]
         if kind == "resume" or (kind == "run_start" and not after_resume):
             sessions.append([])
