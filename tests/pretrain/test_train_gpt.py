@@ -252,3 +252,23 @@ def test_fp8_training_tracks_float_and_can_overfit(data_dir, tmp_path):
                     "schedule.kind=constant", "optim.weight_decay=0.0", 'train.fp8="all"')
     summary = train_gpt.train(over)
     assert summary["final_train_loss"] < 0.1 * losses(over.run_dir)[1]  # gradients through FP8 still fit a batch
+
+
+@pytest.mark.parametrize("which, fp8_names", [
+    ("lm_head", "lm_head only"),
+    ("blocks", "all but lm_head"),
+    ("all", "all"),
+])
+def test_use_fp8_swaps_the_chosen_linears(which, fp8_names):
+    from scalelab.pretrain.fp8 import use_fp8
+    model = train_gpt.GPT(load_pretrain_config(None, TINY).model)
+    linears = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    use_fp8(model, which)
+    swapped = {n for n, m in model.named_modules() if type(m) is FP8Linear}
+    want = {"all": linears, "all but lm_head": linears - {"lm_head"}, "lm_head only": {"lm_head"}}[fp8_names]
+    assert "lm_head" in linears and len(linears) > 2 and swapped == want
+
+
+def test_fp8_blocks_combine_with_the_chunked_loss():
+    cfg = load_pretrain_config(None, [*TINY, 'train.fp8="blocks"', "train.loss_chunks=4"])  # accepted: head in bf16
+    assert cfg.train.fp8 == "blocks" and cfg.train.loss_chunks == 4

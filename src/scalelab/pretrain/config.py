@@ -99,8 +99,9 @@ class TrainConfig:
         "default", "torch.compile mode: autotuned Triton matmul/attention choices, and CUDA graphs against "
                    "per-kernel launch cost (max-autotune, reduce-overhead)")
     parallel: Literal["ddp", "fsdp2"] = param("ddp", "data-parallel wrapper when world size > 1")
-    fp8: Literal["none", "lm_head", "all"] = param("none", "FP8 matmuls (e4m3 forward, e5m2 gradients, per-tensor "
-                                                           "scales): the output head only, or every Linear")
+    fp8: Literal["none", "lm_head", "blocks", "all"] = param(
+        "none", "FP8 matmuls (e4m3 forward, e5m2 gradients, per-tensor scales): the output head only, every "
+                "Linear but the head (combines with train.loss_chunks), or every Linear")
     attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = param(
         "auto", "SDPA kernel to use on CUDA; auto = PyTorch's choice")
     overfit_batch: bool = param(False, "sanity mode: train on the first batch only; loss must go to ~0")
@@ -112,15 +113,15 @@ class TrainConfig:
     loss_chunks: int = param(0, "compute LM head + cross-entropy over this many row chunks with the gradient "
                                 "formed in the forward, so the (B*T, vocab) logits never exist at once "
                                 "(chunked_ce.py); 0 = off (one plain head matmul). Chunks of ~8k rows keep each "
-                                "matmul large (8 at B=64, T=1024); not with train.fp8", ge=0)
+                                "matmul large (8 at B=64, T=1024); with train.fp8 only as 'blocks'", ge=0)
     target_val_loss: float = param(0.0, "time-to-target runs: stop (and checkpoint) at the first evaluation with "
                                         "val loss <= this; 0 = off", ge=0.0)
 
     def validate(self) -> None:
-        if self.loss_chunks and self.fp8 != "none":
+        if self.loss_chunks and self.fp8 in ("lm_head", "all"):
             raise ConfigError(f"config field 'train.loss_chunks': {self.loss_chunks} computes the LM head itself "
                               f"in bf16, so train.fp8={self.fp8!r} would silently lose its FP8 head; set "
-                              "train.loss_chunks=0 or train.fp8='none'")
+                              "train.loss_chunks=0 or train.fp8='blocks' (FP8 everywhere but the head)")
 
 
 @dataclass

@@ -42,7 +42,9 @@ class FP8Linear(nn.Linear):
 
 
 def use_fp8(model: nn.Module, which: str) -> None:
-    """Swap the chosen Linears' class in place: 'lm_head' (the largest matmul, as modded-nanogpt) or 'all'."""
+    """Swap the chosen Linears' class in place: 'lm_head' (the largest matmul, as modded-nanogpt), 'blocks'
+    (every Linear but the head, which the chunked loss computes itself) or 'all'."""
     for name, module in model.named_modules():
-        if type(module) is nn.Linear and (which == "all" or name == "lm_head"):
+        head = name == "lm_head"
+        if type(module) is nn.Linear and (which == "all" or (which == "blocks") != head):
             module.__class__ = FP8Linear
