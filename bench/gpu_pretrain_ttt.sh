@@ -64,9 +64,9 @@ run() {  # name "k=v k=v": train (or resume) one run in the time left; returns 0
   ttt finished --name "$name" && { echo "== $name: finished"; return 0; }
   left=$(( BUDGET_S - ($(date +%s) - start) ))
   if (( left < MIN_LEFT_S )); then echo "== $name: only $left s left; call again"; todo=1; return 1; fi
-  printf '%q ' python3 src/scalelab/pretrain/train_gpt.py "${args[@]}" > "$ROOT/$name.cmd"  # exact, re-runnable
+  printf '%q ' python3 -m scalelab.cli pretrain train "${args[@]}" > "$ROOT/$name.cmd"  # exact, re-runnable
   echo "== $name ($left s left): $(cat "$ROOT/$name.cmd")"
-  timeout "$left" python3 src/scalelab/pretrain/train_gpt.py "${args[@]}" >> "$ROOT/$name.log" 2>&1
+  timeout "$left" python3 -m scalelab.cli pretrain train "${args[@]}" >> "$ROOT/$name.log" 2>&1
   rc=$?
   tail -2 "$ROOT/$name.log"
   ttt finished --name "$name" && return 0

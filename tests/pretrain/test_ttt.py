@@ -122,6 +122,9 @@ def test_bench_script_end_to_end_on_cpu(tmp_path):
         assert recipe["steps"] == verdict["recipe_to_target"]["step"] and recipe["final_val_loss"] <= base[
             "final_val_loss"]
     assert "train.target_val_loss=" in doc["commands"]["recipe"] and doc["provenance"]["git_sha"] == "0" * 40
+    for name in ("baseline", "recipe"):   # each run wrote its predictions before its first step
+        first = json.loads((tmp_path / "root" / name / "metrics.jsonl").read_text().splitlines()[0])
+        assert first["event"] == "predictions_written" and (tmp_path / "root" / name / "predictions.json").is_file()
     # a fresh machine (run folders gone) with the results file: nothing retrains, the report is the same
     for f in (tmp_path / "root").rglob("*"):
         if f.is_file():

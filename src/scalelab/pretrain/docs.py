@@ -211,10 +211,11 @@ def _variants(d: DocInputs) -> list[str]:
                             f"{r['peak_memory_gib']:.1f} |")
     q = v["quality"]
     tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
-    plain = ", ".join(f"{_k(x['plain']['tokens_per_s'])} (round {rnd})" for rnd, x in rounds)
+    plain = "; ".join(f"round {rnd}: " + ", ".join(_k(x["plain"]["tokens_per_s"]) for r, x in rounds if r == rnd)
+                      for rnd in dict.fromkeys(r for r, _ in rounds))
     return ["## Recipe variants: the speed goal", "",
             f"Goal: {v['goal']}. Each variant is the 124M recipe on one H200, 10-12 steps, beside a plain run in "
-            f"the same call (plain measured {plain}).", "", *rows, "", *_variants_notes(d),
+            f"the same call (plain: {plain}).", "", *rows, "", *_variants_notes(d),
             f"Quality: `{q['variant_sets']}` trained side by side with plain to {tokens / 1e6:.1f}M tokens (same "
             f"seed and data order) ends {q['final_val_diff']:+.4f} off in val loss; the chunked loss computes the "
             "same loss exactly.", "",
@@ -248,9 +249,8 @@ def _next_steps(d: DocInputs) -> list[str]:
             f"step and the per-step overhead {_pct(overhead_s / per_token_s)}, so {_k(goal)} tokens/s needs the "
             f"executed-FLOP efficiency u to rise from {t.mfu_matmul:.2f} to {needed(loss_s + overhead_s):.2f}, or "
             f"to {needed(overhead_s):.2f} with the loss term gone. The chunked loss gave about the size of that "
-            "term. Left to try: a fused linear + cross-entropy kernel (llm.c's fused classifier) that also "
-            "allows FP8 in the blocks, row-wise FP8 scales (torchao float8), and an autotuned compile given the "
-            "minutes it needs."]
+            "term. Left to try: a fused linear + cross-entropy kernel (llm.c's fused classifier), row-wise FP8 "
+            "scales (torchao float8), an autotuned compile given the minutes it needs."]
 
 
 def _scaling(d: DocInputs) -> list[str]:
