@@ -272,3 +272,18 @@ def test_use_fp8_swaps_the_chosen_linears(which, fp8_names):
 def test_fp8_blocks_combine_with_the_chunked_loss():
     cfg = load_pretrain_config(None, [*TINY, 'train.fp8="blocks"', "train.loss_chunks=4"])  # accepted: head in bf16
     assert cfg.train.fp8 == "blocks" and cfg.train.loss_chunks == 4
+
+
+def test_fp8_fast_accumulation_reaches_the_forward_gemm_only(monkeypatch):
+    from scalelab.pretrain.fp8 import use_fp8
+    calls, real = [], torch._scaled_mm
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("use_fast_accum", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16))
+    use_fp8(model, "all", fast_accum=True)
+    model(torch.randn(8, 32)).sum().backward()
+    assert calls == [True, False, False]   # forward fast; grad-input and grad-weight precise

@@ -102,6 +102,8 @@ class TrainConfig:
     fp8: Literal["none", "lm_head", "blocks", "all"] = param(
         "none", "FP8 matmuls (e4m3 forward, e5m2 gradients, per-tensor scales): the output head only, every "
                 "Linear but the head (combines with train.loss_chunks), or every Linear")
+    fp8_fast_accum: bool = param(False, "train.fp8: the forward GEMMs use Hopper's fast FP8 accumulation "
+                                        "(torch._scaled_mm use_fast_accum; gradients stay precise, as torchao)")
     attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = param(
         "auto", "SDPA kernel to use on CUDA; auto = PyTorch's choice")
     overfit_batch: bool = param(False, "sanity mode: train on the first batch only; loss must go to ~0")

@@ -249,8 +249,9 @@ def _next_steps(d: DocInputs) -> list[str]:
             f"step and the per-step overhead {_pct(overhead_s / per_token_s)}, so {_k(goal)} tokens/s needs the "
             f"executed-FLOP efficiency u to rise from {t.mfu_matmul:.2f} to {needed(loss_s + overhead_s):.2f}, or "
             f"to {needed(overhead_s):.2f} with the loss term gone. The chunked loss gave about the size of that "
-            "term. Left to try: a fused linear + cross-entropy kernel (llm.c's fused classifier), row-wise FP8 "
-            "scales (torchao float8), an autotuned compile given the minutes it needs."]
+            "term. Left to try: FP8 forward GEMMs with fast accumulation (`train.fp8_fast_accum`, built, not yet "
+            "measured), a fused linear + cross-entropy kernel (llm.c's fused classifier), row-wise FP8 scales "
+            "(torchao float8), an autotuned compile given the minutes it needs."]
 
 
 def _scaling(d: DocInputs) -> list[str]:

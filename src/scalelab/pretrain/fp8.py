@@ -17,11 +17,12 @@ class _FP8Matmul(torch.autograd.Function):
     "FP8 Formats for Deep Learning"); master weights, optimizer and accumulation stay in higher precision."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # x (M, K), w (N, K)
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, fast_accum: bool) -> torch.Tensor:  # x (M, K), w (N, K)
         (x8, sx), (w8, sw) = _to_fp8(x, torch.float8_e4m3fn), _to_fp8(w, torch.float8_e4m3fn)
         ctx.save_for_backward(x8, sx, w8, sw)
         ctx.dtypes = (x.dtype, w.dtype)
-        return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
+        return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16,
+                                use_fast_accum=fast_accum)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):  # g (M, N); _scaled_mm wants its 2nd operand column-major
@@ -30,21 +31,26 @@ class _FP8Matmul(torch.autograd.Function):
         gx = torch._scaled_mm(g8, w8.t().contiguous().t(), scale_a=sg, scale_b=sw, out_dtype=torch.bfloat16)
         gw = torch._scaled_mm(g8.t().contiguous(), x8.t().contiguous().t(), scale_a=sg, scale_b=sx,
                               out_dtype=torch.float32)
-        return gx.to(ctx.dtypes[0]), gw.to(ctx.dtypes[1])
+        return gx.to(ctx.dtypes[0]), gw.to(ctx.dtypes[1]), None
 
 
 class FP8Linear(nn.Linear):
-    """nn.Linear with its matmul in FP8; same parameters and names, so checkpoints and export are unchanged."""
+    """nn.Linear with its matmul in FP8; same parameters and names, so checkpoints and export are unchanged.
+    fast_accum: the forward GEMM accumulates with Hopper's fast FP8 path (use_fast_accum), which skips the
+    periodic promotion of partial sums to full fp32; the two gradient GEMMs keep precise accumulation, the split
+    torchao's float8 training uses by default."""
+    fast_accum = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _FP8Matmul.apply(x.reshape(-1, x.size(-1)), self.weight).view(*x.shape[:-1], -1)
+        y = _FP8Matmul.apply(x.reshape(-1, x.size(-1)), self.weight, self.fast_accum).view(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
-def use_fp8(model: nn.Module, which: str) -> None:
+def use_fp8(model: nn.Module, which: str, fast_accum: bool = False) -> None:
     """Swap the chosen Linears' class in place: 'lm_head' (the largest matmul, as modded-nanogpt), 'blocks'
     (every Linear but the head, which the chunked loss computes itself) or 'all'."""
     for name, module in model.named_modules():
         head = name == "lm_head"
         if type(module) is nn.Linear and (which == "all" or (which == "blocks") != head):
             module.__class__ = FP8Linear
+            module.fast_accum = fast_accum

@@ -362,7 +362,7 @@ def train(cfg: PretrainConfig) -> dict:
     random.seed(cfg.train.seed)
     model = GPT(cfg.model, cfg.train.loss_chunks).to(device)
     if cfg.train.fp8 != "none":
-        use_fp8(model, cfg.train.fp8)
+        use_fp8(model, cfg.train.fp8, cfg.train.fp8_fast_accum)
     if device.type == "cuda" and cfg.train.attention != "auto":  # keep only the chosen SDPA kernel
         for kind in ("cudnn", "flash", "mem_efficient", "math"):
             getattr(torch.backends.cuda, f"enable_{kind}_sdp")(kind.endswith(cfg.train.attention))
