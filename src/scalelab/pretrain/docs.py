@@ -98,7 +98,7 @@ def _intro(d: DocInputs) -> list[str]:
 
 
 def _speed_verdict(d: DocInputs) -> str:
-    """The latest round's verdict, its reason included."""
+    """The latest round's verdict in a word or two (met / not met); the variants section gives the reason."""
     return (d.variants2 or d.variants)["verdict"].split(":")[0]
 
 
