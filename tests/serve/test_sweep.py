@@ -220,9 +220,10 @@ def test_all_requests_failing_makes_failed_rows_and_the_sweep_goes_on(tmp_path):
     assert "| vllm TP=4 batch=4 | failed |" in (run / "table.md").read_text()
 
 
-# 50x and more the mock's own delays: a busy 2-core machine can stretch one 10 ms gap past the default 100 ms SLO, and
-# these tests check the rate machinery, not the machine's scheduling; the strict case below tightens it again
-LOOSE_SLO = ["slo.ttft_s=10.0", "slo.itl_s=0.5"]
+# 500x the mock's own delays. Late in the full suite the test process, mock included, was seen to pause for ~0.85 s
+# (six requests of one repeat stalled together, four of them mid-stream). These tests check the rate machinery, not
+# the test process's pauses; the strict case below tightens the SLO again.
+LOOSE_SLO = ["slo.ttft_s=10.0", "slo.itl_s=5.0"]
 
 
 def test_open_loop_rate_rows(mock, tmp_path):
