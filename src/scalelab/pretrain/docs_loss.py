@@ -34,7 +34,7 @@ def time_to_target(ttt: dict | None, ladder: dict | None, figure: FigureLine) ->
     hit = v["recipe_to_target"]
     speed = rec["tokens_per_s"] / base["tokens_per_s"]
     return ["## Time to a target loss", "",
-            "Proxy corpus: the ShareGPT shards (26.9M train tokens, a fixed 5% held-out split). The target, fixed "
+            "Proxy corpus: the ShareGPT shards (a fixed 5% held-out split). The target, fixed "
             f"before any recipe was chosen, is the plain baseline's val loss after {budget / 1e6:.1f}M tokens "
             f"({budget // int(ttt['settings']['tokens_per_step'])} steps of "
             f"{int(ttt['settings']['tokens_per_step']):,} tokens; llm.c's AdamW recipe, lr 6e-4, warmup 10%, "
