@@ -321,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{t['bar']}: {t['hours']:.3f} h ({t['hours_interval'][0]:.3f}-{t['hours_interval'][1]:.3f}), "
               f"${t['cost_usd']:,.2f}")
     lad = doc["loss_ladder"]
-    for h in lad["held_out"]:
-        print(f"ladder without its {h['split']}: max held-out error {h['max_abs_error']:+.1%}")
+    for form, doc_form in (("additive", lad), ("joint", lad["joint"])):
+        for h in doc_form["held_out"]:
+            print(f"{form} law, ladder without its {h['split']}: max held-out error {h['max_abs_error']:+.1%}")
     for p in lad["predictions"]:
         print(f"ladder law: {p['size']} at {p['tokens']:,.0f} tokens -> {p['loss']:.3f} "
               f"({p['interval'][0]:.3f}-{p['interval'][1]:.3f})")

@@ -41,3 +41,30 @@ def test_a_budget_off_the_law_shows_as_the_held_out_error_and_widens_the_interva
 def test_unknown_split_is_refused():
     with pytest.raises(KeyError):
         hold_out(to_points(rows()), "largest lr")
+
+
+def test_joint_form_predicts_points_on_its_own_law():
+    """Kaplan et al. 2020's published joint law (eq. 1.5): a fit on 16 of its points predicts an unseen size and
+    budget; the size effect it fits shrinks as data gets scarce, which the additive form cannot do."""
+    from scalelab.pretrain.kaplan_law import KaplanLaw, fit_kaplan_law
+    from scalelab.pretrain.scaling_law import LossPoint
+    true = KaplanLaw(n_c=8.8e13, d_c=5.4e13, alpha_n=0.076, alpha_d=0.095, rel_interval=0.0, source="published")
+    points = [LossPoint(n, d, true.loss(n, d)) for n in SIZES for d in BUDGETS]
+    law = fit_kaplan_law(points)
+    for n, d in ((350e6, BUDGETS[-1]), (124e6, 2 * BUDGETS[-1])):
+        assert law.loss(n, d) == pytest.approx(true.loss(n, d), rel=5e-3)
+    gain = lambda d: law.loss(SIZES[0], d) - law.loss(SIZES[-1], d)  # noqa: E731  bigger model's advantage
+    assert 0 < gain(BUDGETS[0]) < gain(BUDGETS[-1])
+
+
+def test_check_ladder_scores_both_forms():
+    doc = check_ladder(rows(), {"350M": 350e6})
+    joint = doc["joint"]
+    assert joint["law"]["alpha_d"] > 0 and len(joint["held_out"]) == 2
+    assert joint["predictions"][0]["size"] == "350M" and joint["prediction_interval"] >= 0.02
+
+
+def test_joint_form_refuses_too_few_points():
+    from scalelab.pretrain.kaplan_law import fit_kaplan_law
+    with pytest.raises(ValueError, match="need >= 5"):
+        fit_kaplan_law(to_points(rows())[:4])

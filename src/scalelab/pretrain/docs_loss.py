@@ -66,6 +66,11 @@ def _ttt_reading(base: dict, ladder: dict | None) -> list[str]:
             "the AdamW groups' 3x learning rate."]
 
 
+def _misses(form: dict) -> str:
+    held = {h["split"]: h["max_abs_error"] for h in form["held_out"]}
+    return f"up to {100 * held['largest D']:+.1f}% and {100 * held['largest N']:+.1f}%"
+
+
 def ladder_section(ladder: dict | None, check: dict | None, figure: FigureLine) -> list[str]:
     if not ladder or not check:
         return []
@@ -92,7 +97,10 @@ def ladder_section(ladder: dict | None, check: dict | None, figure: FigureLine) 
             f"{100 * held['largest D']['max_abs_error']:+.1f}%, one without the largest model by up to "
             f"{100 * held['largest N']['max_abs_error']:+.1f}%. At the largest budget the full fit is off by "
             + ", ".join(f"{100 * r['rel_error']:+.1f}% ({_size(r['n_params'])})" for r in at_top)
-            + ": the gain from size grows with D here, which the additive form cannot express.", "",
+            + ": the gain from size grows with D here. The additive form has no term for that; Kaplan et al. "
+            "(2020)'s joint form [(N_c/N)^(α_N/α_D) + D_c/D]^α_D has, yet fitted and scored the same way it does "
+            f"no better ({_misses(check['joint'])}): at these budgets neither form captures how sharply size starts "
+            "to pay.", "",
             "Predicted on this data at that budget, the held-out error as interval: "
             + "; ".join(f"{p['size']} {p['loss']:.2f} ({p['interval'][0]:.2f}–{p['interval'][1]:.2f})"
                         for p in preds)
