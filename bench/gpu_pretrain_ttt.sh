@@ -40,7 +40,7 @@ RECIPE_TOKENS=${RECIPE_TOKENS:-$(( TOKENS * 6 / 10 ))}   # its schedule ends at 
 TOKENS_PER_STEP=${TOKENS_PER_STEP:-524288}   # the baseline's train.total_batch_tokens (the config's 0.5M)
 RECIPE_TOKENS_PER_STEP=${RECIPE_TOKENS_PER_STEP:-$TOKENS_PER_STEP}   # the recipe's; default: the same batch
 STEPS=$(( TOKENS / TOKENS_PER_STEP ))
-RECIPE_STEPS=$(( ${RECIPE_TOKENS:-$TOKENS} / RECIPE_TOKENS_PER_STEP ))  # the recipe's schedule length
+RECIPE_STEPS=$(( RECIPE_TOKENS / RECIPE_TOKENS_PER_STEP ))  # the recipe's schedule length
 mkdir -p "$OUT" "$ROOT"
 start=$(date +%s); todo=0
 common=(--config "$CONFIG" --set "data.dir=\"$DATA\"" --set "run.out_dir=\"$ROOT\"" --set 'run.gpu="h200"'
@@ -48,7 +48,7 @@ common=(--config "$CONFIG" --set "data.dir=\"$DATA\"" --set "run.out_dir=\"$ROOT
         --set schedule.warmup_steps=$(( STEPS / 10 )))   # warmup 10% of the run, as gpu_pretrain_quality.sh
 key=$(python3 -c 'import json,sys; print(json.dumps(dict(zip(["tokens","recipe_tokens","val_every","data","config",
 "base_sets","recipe_sets","extra_sets","tokens_per_step","recipe_tokens_per_step"], sys.argv[1:]))))' "$TOKENS" \
-  "${RECIPE_TOKENS:-$TOKENS}" "$VAL_EVERY" "$DATA" "$CONFIG" "$BASE_SETS" "$RECIPE_SETS" "${EXTRA_SETS:-}" \
+  "$RECIPE_TOKENS" "$VAL_EVERY" "$DATA" "$CONFIG" "$BASE_SETS" "$RECIPE_SETS" "${EXTRA_SETS:-}" \
   "$TOKENS_PER_STEP" "$RECIPE_TOKENS_PER_STEP")   # runs and results of other settings are never mixed
 ttt() { python3 bench/gpu_pretrain_ttt.py "$1" --root "$ROOT" --result "$RESULT" --key "$key" "${@:2}"; }
 ttt check || exit 2   # a results file of other settings is never mixed in

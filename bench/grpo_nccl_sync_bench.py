@@ -143,9 +143,13 @@ class Agreement:
     ok: bool
 
 
+def max_logprob_diff(a: RolloutBatch, b: RolloutBatch) -> float:
+    """Largest |logprob difference| over the tokens both batches produced, position by position."""
+    return max((abs(p - q) for x, y in zip(a.logprobs, b.logprobs) for p, q in zip(x, y)), default=0.0)
+
+
 def agreement(method: str, batch: RolloutBatch, reference: str, ref: RolloutBatch) -> Agreement:
-    same = batch.completion_ids == ref.completion_ids
-    diff = max((abs(a - b) for x, y in zip(batch.logprobs, ref.logprobs) for a, b in zip(x, y)), default=0.0)
+    same, diff = batch.completion_ids == ref.completion_ids, max_logprob_diff(batch, ref)
     return Agreement(method, reference, same, diff, same and diff <= RESTORED_TOL)
 
 
@@ -165,7 +169,7 @@ def check_method(method: str, model: Any, engine: Any, prompts: list[list[int]],
     back = greedy(engine, prompts, args)
     differs = changed.completion_ids != original.completion_ids or changed.logprobs != original.logprobs
     same_tokens = back.completion_ids == original.completion_ids
-    diff = max((abs(a - b) for x, y in zip(back.logprobs, original.logprobs) for a, b in zip(x, y)), default=0.0)
+    diff = max_logprob_diff(back, original)
     ok = differs and err <= args.tol and same_tokens and diff <= RESTORED_TOL
     return SyncCheck(method, differs, err, same_tokens, diff, ok), changed
 

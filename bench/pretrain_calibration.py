@@ -23,7 +23,7 @@ from scalelab.core.jsonio import read_json, write_json
 from scalelab.pretrain import calibrate as cal
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
 from scalelab.pretrain.ladder_check import check_ladder
-from scalelab.pretrain.predict import count_params, predict, workload
+from scalelab.pretrain.predict import count_params, law_params, predict, workload
 from scalelab.pretrain.scaling_law import CHINCHILLA_PRIOR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -223,12 +223,9 @@ def prediction_row(t: Target, c: cal.Calibration, scores: dict[str, cal.RowScore
 
 def loss_ladder(repo: Path) -> dict:
     """The ladder's law scored out of sample, and 350M / 1B losses on the ladder's data at its largest budget.
-    Parameters counted as the ladder counts them (calibrate.ladder_point: without the position table)."""
+    Parameters counted as the ladder counts them (predict.law_params)."""
     doc = read_json(repo / LADDER)
-    sizes = {}
-    for name in ("350M", "1B"):
-        m = config(SHAPES[name], repo).model
-        sizes[name] = float(count_params(m) - m.block_size * m.n_embd)
+    sizes = {name: float(law_params(config(SHAPES[name], repo).model)) for name in ("350M", "1B")}
     return {"source": LADDER, "data_manifest_sha256": doc["data_manifest_sha256"], "points": len(doc["points"]),
             **check_ladder(doc["points"], sizes)}
 

@@ -256,7 +256,7 @@ class LadderLaw:
 def ladder_point(run_dir: Path) -> dict | None:
     """A finished ladder run folder -> its point; None while it is unfinished or has no val loss."""
     from scalelab.pretrain.config import load_pretrain_config
-    from scalelab.pretrain.predict import count_params
+    from scalelab.pretrain.predict import law_params
     summary, prov = run_dir / "train_summary.json", run_dir / "provenance.json"
     if not (summary.is_file() and (run_dir / "config.toml").is_file()):
         return None
@@ -265,7 +265,7 @@ def ladder_point(run_dir: Path) -> dict | None:
     if s.get("steps", 0) < cfg.train.max_steps or not isinstance(loss, (int, float)) or not math.isfinite(loss):
         return None
     m = cfg.model
-    return {"name": run_dir.name, "n_params": count_params(m) - m.block_size * m.n_embd, "tokens": int(s["tokens"]),
+    return {"name": run_dir.name, "n_params": law_params(m), "tokens": int(s["tokens"]),
             "final_val_loss": float(loss), "n_layer": m.n_layer, "n_embd": m.n_embd, "lr": cfg.optim.lr,
             "steps": int(s["steps"]), "data_manifest_sha256": read_json(prov).get("data_manifest_sha256")
             if prov.is_file() else None}

@@ -139,6 +139,12 @@ def count_params(m: ModelConfig) -> int:
     return m.padded_vocab_size * d + m.block_size * d + m.n_layer * block + ln
 
 
+def law_params(m: ModelConfig) -> int:
+    """N as the loss laws here count it (the prior's predictions, the ladder's points, the ladder's predictions):
+    every parameter but the position table."""
+    return count_params(m) - m.block_size * m.n_embd
+
+
 def resolve_target(cfg: PretrainConfig, hardware_key: str) -> Hardware:
     """'auto' -> run.gpu if set, else the CPU when train.device says so, else the detected accelerator."""
     key = hardware_key if hardware_key != "auto" else cfg.run.gpu
@@ -304,7 +310,7 @@ def calibrated_memory(cfg: PretrainConfig, hw: Hardware, world: int, c: cal.Cali
 def estimate_loss(cfg: PretrainConfig, tokens: int, law: ScalingLaw) -> LossEstimate:
     """L(N, D) with its stated relative interval, capped at ln(V): a model that learned nothing predicts the
     uniform distribution, and the prior extrapolated to a few thousand tokens would claim worse than that."""
-    n = count_params(cfg.model) - cfg.model.block_size * cfg.model.n_embd
+    n = law_params(cfg.model)
     uniform = math.log(cfg.model.vocab_size)
     point = min(law.loss(n, max(tokens, 1)), uniform)
     return LossEstimate(final_loss=point, final_loss_low=point * (1 - law.rel_interval),
