@@ -157,7 +157,8 @@ def make_ladder_run(root: Path, name: str, layers: int, width: int, steps: int, 
     write_json(root / name / "provenance.json", {"data_manifest_sha256": "abc"})
 
 
-def test_collect_ladder_keeps_finished_runs_and_merges(tmp_path):
+def test_collect_ladder_keeps_finished_runs_and_merges(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALELAB_GIT_SHA", "f" * 40)   # the commit that collected the ladder, in the file
     root, out = tmp_path / "runs", tmp_path / "ladder.json"
     make_ladder_run(root, "small", 2, 32, 10, 10, 7.5)
     make_ladder_run(root, "cut-off", 2, 64, 10, 6, 7.0)       # killed by the budget: not a point yet
@@ -165,7 +166,7 @@ def test_collect_ladder_keeps_finished_runs_and_merges(tmp_path):
     assert [p["name"] for p in doc["points"]] == ["small"] and doc["law"] is None
     # N = all parameters but the position table: 50,304 x 32 + 2 x (12 x 32^2 + 13 x 32) + 2 x 32 = 1,635,200
     assert doc["points"][0]["n_params"] == 1_635_200 and doc["points"][0]["tokens"] == 10_240
-    assert doc["data_manifest_sha256"] == "abc"
+    assert doc["data_manifest_sha256"] == "abc" and doc["git_sha"] == "f" * 40
     make_ladder_run(tmp_path / "runs2", "other", 2, 64, 10, 10, 7.2)
     doc = cal.collect_ladder(tmp_path / "runs2", out)        # a second call adds, keeping the first's points
     assert [p["name"] for p in doc["points"]] == ["small", "other"]

@@ -38,6 +38,7 @@ import numpy as np
 
 from scalelab.core.hardware import Hardware
 from scalelab.core.jsonio import read_json, write_json
+from scalelab.core.provenance import git_sha
 from scalelab.pretrain.scaling_law import LossPoint, ScalingLaw, fit_scaling_law
 
 GIB = 2**30
@@ -290,7 +291,7 @@ def collect_ladder(run_root: str | Path, out_path: str | Path, command: str = ""
            "what": "final val loss of GPT-2-family runs over model size N and token budget D, for "
                    "L(N, D) = E + A/N^alpha + B/D^beta (Hoffmann et al. 2022, eq. 2)",
            "data_manifest_sha256": shas.pop() if len(shas) == 1 else None, "points": rows,
-           "law": law, "law_error": why, "command": command or old.get("command", "")}
+           "law": law, "law_error": why, "command": command or old.get("command", ""), "git_sha": git_sha()}
     write_json(out_path, doc)
     return doc
 
