@@ -1,75 +1,124 @@
-"""Where a GPT-2 124M training micro-step spends its GPU time, by kernel family (torch.profiler), for the plain
-recipe and any variant given as config overrides. Prints a table and writes JSON:
+"""Where a training step's time goes: GPU kernel time by kind, and how much of the wall clock the GPU is idle.
 
-    python3 bench/gpu_pretrain_profile.py --out $OUT/profile.json [--set train.fp8=\\"all\\" ...]
+Builds the trainer exactly as train_gpt.train does (train_gpt.build), runs --warmup steps (compile), times
+--timed steps without the profiler (tokens/s as the trainer reports it), then records --steps steps under
+torch.profiler and reads the Chrome trace's kernels:
+  busy      the union of kernel intervals over the profiled wall clock (below 1: the GPU waits on the host:
+            launches, data, .item() syncs);
+  by kind   GEMM (cuBLAS/CUTLASS: bf16 and FP8), attention (SDPA kernels), fused elementwise/reductions (Triton,
+            from torch.compile), copies, collectives, other; the top kernels by total time.
+
+    PYTHONPATH=src python3 bench/gpu_pretrain_profile.py --config configs/pretrain/gpt2-124m-fineweb-edu.toml \\
+        --set data.dir=\\"DIR\\" --set train.fp8=\\"all\\" ... --out /tmp/out/profile.json
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import sys
+import tempfile
+import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from scalelab.pretrain import train_gpt  # noqa: E402
-from scalelab.pretrain.config import load_pretrain_config  # noqa: E402
+from scalelab.pretrain import train_gpt
+from scalelab.pretrain.config import load_pretrain_config
 
-# first match wins; names are CUDA kernel names as the profiler reports them
-FAMILIES = [("attention", r"flash|fmha|cudnn|attn|sdpa"), ("gemm", r"gemm|sm90_xmma|cutlass|nvjet|matmul|_scaled_mm"),
-            ("optimizer", r"adam|foreach|multi_tensor"), ("cross_entropy", r"log_softmax|nll|cross_entropy"),
-            ("communication", r"nccl"), ("copy", r"memcpy|memset|copy"), ("fused_elementwise", r"triton|elementwise|reduce")]
-
-
-def family(name: str) -> str:
-    return next((f for f, pattern in FAMILIES if re.search(pattern, name, re.I)), "other")
+KINDS = [  # first match wins; names as cuBLAS (nvjet/xmma), CUTLASS, cuDNN/flash SDPA and Inductor emit them
+    ("gemm", re.compile(r"nvjet|gemm|xmma|cutlass|_mm_|matmul", re.I)),
+    ("attention", re.compile(r"sdpa|fmha|flash|attn|attention|cudnn_generated", re.I)),
+    ("triton", re.compile(r"^triton_")),
+    ("copy", re.compile(r"memcpy|memset|copy|cat|fill", re.I)),
+    ("collective", re.compile(r"nccl", re.I)),
+]
 
 
-def profile(overrides: list[str], steps: int = 3) -> dict[str, float]:
-    cfg = load_pretrain_config("configs/pretrain/gpt2-124m-fineweb-edu.toml", overrides)
-    device, B, T = torch.device("cuda"), cfg.train.micro_batch_size, cfg.model.block_size
-    model = train_gpt.GPT(cfg.model).to(device)
-    if cfg.train.fp8 != "none":
-        train_gpt.use_fp8(model, cfg.train.fp8)
-    model = torch.compile(model)
-    opt = train_gpt.make_optimizer(model, cfg, device)
-    x = torch.randint(0, cfg.model.vocab_size, (B, T), device=device)
+def kind_of(name: str) -> str:
+    return next((kind for kind, pattern in KINDS if pattern.search(name)), "other")
 
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(x, x)[1]
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
 
-    for _ in range(3):  # compile and warm up outside the trace
-        step()
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (kernels on several streams may overlap)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
+
+
+def summarize(trace: dict, wall_s: float, steps: int, top: int) -> dict:
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    per_kind, per_name = defaultdict(float), defaultdict(lambda: [0.0, 0])
+    for e in kernels:
+        per_kind[kind_of(e["name"])] += e["dur"]
+        per_name[e["name"]][0] += e["dur"]
+        per_name[e["name"]][1] += 1
+    busy = union_us([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
+    ms = lambda us: us / 1000 / steps  # noqa: E731  per optimizer step
+    return {
+        "profiled_steps": steps, "wall_ms_per_step": 1000 * wall_s / steps, "gpu_busy_ms_per_step": ms(busy),
+        "gpu_busy_fraction": busy / (1e6 * wall_s), "kernels_per_step": len(kernels) / steps,
+        "ms_per_step_by_kind": {k: ms(v) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:160], "ms_per_step": ms(t), "calls_per_step": c / steps}
+                        for n, (t, c) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]],
+    }
+
+
+def run_steps(n: int, model, optimizer, stream, cfg, device, autocast, accum) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        train_gpt.train_step(model, optimizer, stream, cfg, 1, device, autocast, accum, None)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = {}
-    for ev in prof.key_averages():
-        us = getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0)
-        if us and ev.key and not ev.key.startswith("ProfilerStep"):
-            totals[family(ev.key)] = totals.get(family(ev.key), 0.0) + us / 1000 / steps
-    return totals
+    return time.perf_counter() - t0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--set", action="append", default=[])
-    args = parser.parse_args()
-    plain = profile([])
-    variant = profile(args.set) if args.set else {}
-    print(f"{'family':20s} {'plain ms':>9s} {'variant ms':>11s}   (per micro-step of 64 x 1024 tokens)")
-    for f in sorted(set(plain) | set(variant), key=lambda k: -plain.get(k, 0.0)):
-        print(f"{f:20s} {plain.get(f, 0.0):9.2f} {variant.get(f, 0.0):11.2f}")
-    Path(args.out).write_text(json.dumps({"plain_ms": plain, "variant_ms": variant, "variant_sets": args.set}, indent=2))
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--timed", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    cfg = load_pretrain_config(args.config, args.set)
+    device = torch.device("cuda")
+    torch.manual_seed(cfg.train.seed)
+    model, optimizer, autocast, _, _ = train_gpt.build(cfg, 1, device)
+    stream, accum = train_gpt.make_stream(cfg, "train", 0, 1), cfg.grad_accum(1)
+    step = lambda n: run_steps(n, model, optimizer, stream, cfg, device, autocast, accum)  # noqa: E731
+    step(args.warmup)
+    timed_s = step(args.timed)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        wall_s = step(args.steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+        with gzip.open(args.out.with_suffix(".trace.json.gz"), "wt") as f:
+            json.dump(trace, f)
+    tok = cfg.train.micro_batch_size * cfg.model.block_size * accum
+    result = {"sets": args.set, "tokens_per_step": tok, "timed_steps": args.timed,
+              "tokens_per_s": tok * args.timed / timed_s, "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+              "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), **summarize(trace, wall_s, args.steps,
+                                                                                          args.top)}
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{result['tokens_per_s']:,.0f} tok/s unprofiled | profiled {result['wall_ms_per_step']:.1f} ms/step, "
+          f"GPU busy {result['gpu_busy_ms_per_step']:.1f} ms ({100 * result['gpu_busy_fraction']:.1f}%), "
+          f"{result['kernels_per_step']:.0f} kernels/step")
+    for kind, ms in result["ms_per_step_by_kind"].items():
+        print(f"  {kind:12s} {ms:8.1f} ms/step")
+    for k in result["top_kernels"]:
+        print(f"  {k['ms_per_step']:8.2f} ms  x{k['calls_per_step']:<5.0f} {k['name'][:110]}")
     return 0
 
 

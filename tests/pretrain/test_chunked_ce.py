@@ -10,6 +10,7 @@ from scalelab.core.config import ConfigError
 from scalelab.pretrain import train_gpt
 from scalelab.pretrain.chunked_ce import chunked_cross_entropy
 from scalelab.pretrain.config import load_pretrain_config
+from scalelab.pretrain.fp8 import _FP8Matmul
 from tests.pretrain.test_train_gpt import TINY, data_dir, losses, make_cfg  # noqa: F401
 
 V, VP, C = 256, 264, 32  # vocab, padded rows (never targeted, outside the softmax), width
@@ -118,10 +119,55 @@ def test_compiled_chunked_equals_eager():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (['train.loss_chunks=4', 'train.fp8="lm_head"'], "train.loss_chunks.*train.fp8='lm_head'"),
     (['train.loss_chunks=65'], "train.loss_chunks.*micro_batch_size\\*block_size = 64"),  # B=4 x T=16
     (['train.loss_chunks=-1'], "train.loss_chunks.*must be >= 0"),
 ])
 def test_loss_chunks_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_pretrain_config(None, [*TINY, *overrides])
+
+
+def fp8_head_loss(h, w, t):
+    """An FP8Linear head (fp8.py) with the plain loss after it: what an FP8 chunked head must equal."""
+    logits = _FP8Matmul.apply(h.reshape(-1, C), w, False)  # FP8Linear.forward's matmul, on a plain tensor w
+    return F.cross_entropy(logits[:, :V].float(), t.reshape(-1))
+
+
+def test_fp8_chunked_head_is_the_fp8_linear_head(monkeypatch):
+    h, w, t = inputs(3)
+    ref = fp8_head_loss(h, w, t)
+    rh, rw = torch.autograd.grad(ref, (h, w))
+    fh, fw = torch.autograd.grad(plain_loss(h, w, t), (h, w))
+    calls, real = [], torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: calls.append(k["use_fast_accum"]) or real(*a, **k))
+    out = chunked_cross_entropy(h, w, t, 1, V, fp8=True, fast_accum=True)
+    ch, cw = torch.autograd.grad(out, (h, w))
+    assert calls == [True, False, False]  # logits (fast accumulation), d/dh, d/dW: all three in FP8
+    # one chunk: the same quantized operands and GEMM as the FP8Linear head, so the same loss; the gradients
+    # differ only where the FP8Linear path rounds d(loss)/d(logits) to bf16 before e5m2
+    assert out.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert rel(ch, rh) < 0.02 and rel(cw, rw) < 0.02
+    assert 1e-4 < abs(out.item() - plain_loss(h, w, t).item()) < 0.02 * out.item()  # FP8 error: present, small
+    assert rel(ch, fh) < 0.15 and rel(cw, fw) < 0.15
+    assert torch.count_nonzero(cw[V:]) == 0
+
+
+def test_fp8_chunks_quantize_each_chunk_apart():
+    h, w, t = inputs(4)
+    one, four = (chunked_cross_entropy(h, w, t, n, V, fp8=True).item() for n in (1, 4))
+    assert one != four and four == pytest.approx(one, rel=0.02)  # per-chunk scales: close, not bit-equal
+
+
+def test_model_fp8_head_reaches_the_chunked_loss():
+    from scalelab.pretrain.fp8 import use_fp8
+    cfg = load_pretrain_config(None, [*TINY, f"model.padded_vocab_size={VP}", 'train.fp8="all"',
+                                      "train.loss_chunks=1"])
+    torch.manual_seed(0)
+    chunked, plain = train_gpt.GPT(cfg.model, loss_chunks=1), train_gpt.GPT(cfg.model)
+    plain.load_state_dict(chunked.state_dict())
+    for m in (chunked, plain):
+        use_fp8(m, cfg.train.fp8)
+    g = torch.Generator().manual_seed(6)
+    x, y = (torch.randint(0, V, (4, 16), generator=g) for _ in range(2))
+    # one chunk: the FP8 chunked head is the FP8Linear head, so the model's loss is the plain FP8 model's
+    assert chunked(x, y)[1].item() == pytest.approx(plain(x, y)[1].item(), rel=1e-6)

@@ -5,7 +5,8 @@ their gradient in fp32: at B=64, T=1024, V=50304, 6.6 GB of bf16 logits and 13 G
 (predict.compiled_logits_bytes). Here each chunk of rows goes logits -> loss -> d(loss)/d(logits) -> d/dh and
 d/dW at once (the idea of Liger-Kernel's fused linear cross-entropy, Hsu et al. 2024), so only one chunk's
 (rows, V) buffers exist at a time and nothing of size B*T*V outlives the forward. The FLOPs are the same three
-head matmuls.
+head matmuls; with an FP8 head (train.fp8 'lm_head' or 'all') they run in FP8 as fp8.py's FP8Linear would, with
+each chunk's rows quantized on their own.
 
 Why it can pay on an H200: not for memory (124M at B=64 peaks at 41 GB of 141; the ~16 GB saved at 8 chunks
 matters on smaller GPUs or larger vocabularies) but for HBM traffic: under torch.compile the softmax, the one-hot
@@ -17,10 +18,59 @@ from __future__ import annotations
 
 import torch
 
+from scalelab.pretrain.fp8 import E4M3, E5M2, mm8, quantize
+
 
 def _compute_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype the head matmul would run in: autocast's when it is on (bf16 on GPU), else the input's."""
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else dtype
+
+
+class _Head:
+    """The head's three matmuls in `dtype` (bf16 under autocast): logits, d/dh and d/dW of one chunk."""
+
+    def __init__(self, w: torch.Tensor, dtype: torch.dtype):
+        self.w, self.dtype = w, dtype
+
+    def rows(self, h: torch.Tensor) -> torch.Tensor:
+        return h.to(self.dtype)
+
+    def logits(self, hc: torch.Tensor) -> torch.Tensor:
+        return hc @ self.w.t()
+
+    def grad_logits(self, g: torch.Tensor) -> torch.Tensor:
+        return g.to(self.dtype)
+
+    def grad_rows(self, g: torch.Tensor) -> torch.Tensor:
+        return g @ self.w
+
+    def grad_weight(self, g: torch.Tensor, hc: torch.Tensor) -> torch.Tensor:
+        return (g.t() @ hc).float()
+
+
+class _Fp8Head:
+    """The same three matmuls in FP8 (train.fp8 'lm_head'/'all', fp8.py's recipe): the weight and each chunk's
+    rows in e4m3, the logit gradient in e5m2, per-tensor scales; the weight is quantized once per call."""
+
+    def __init__(self, w: torch.Tensor, fast_accum: bool):
+        self.w8, self.sw = quantize(w, E4M3)
+        self.w8_cols = self.w8.t().contiguous().t()  # column-major copy for d/dh, made once rather than per chunk
+        self.fast_accum = fast_accum
+
+    def rows(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize(h, E4M3)
+
+    def logits(self, hc: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return mm8(hc[0], hc[1], self.w8.t(), self.sw, torch.bfloat16, self.fast_accum)
+
+    def grad_logits(self, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize(g, E5M2)
+
+    def grad_rows(self, g: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return mm8(g[0], g[1], self.w8_cols, self.sw, torch.bfloat16)
+
+    def grad_weight(self, g: tuple[torch.Tensor, torch.Tensor], hc: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return mm8(g[0].t(), g[1], hc[0], hc[1], torch.float32)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -28,29 +78,30 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     Forward saves d(loss)/dh (N, C) and d(loss)/dW (Vp, C) instead of the logits; backward scales them."""
 
     @staticmethod
-    def forward(ctx, h, weight, targets, n_chunks: int, vocab_size: int, dtype: torch.dtype, want_grad: bool):
-        # h (N, C) float; weight (Vp, C); targets (N,) int64. Matmuls in `dtype`, softmax in fp32, like the plain
-        # path (bf16 autocast matmul, then logits.float()).
+    def forward(ctx, h, weight, targets, n_chunks: int, vocab_size: int, dtype: torch.dtype, want_grad: bool,
+                fp8: bool, fast_accum: bool):
+        # h (N, C) float; weight (Vp, C); targets (N,) int64. Matmuls in `dtype` (or FP8), softmax in fp32, like the
+        # plain path (bf16 autocast matmul, then logits.float()).
         n = h.size(0)
         with torch.autocast(h.device.type, enabled=False):
-            w = weight.to(dtype)
+            mm = _Fp8Head(weight, fast_accum) if fp8 else _Head(weight.to(dtype), dtype)
             loss = torch.zeros((), dtype=torch.float32, device=h.device)
             grad_h = torch.empty_like(h) if want_grad else None
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if want_grad else None
             cols = torch.arange(weight.size(0), device=h.device)    # (Vp,)
             rows = -(-n // n_chunks)                                 # ceil: torch.chunk's split
             for s in range(0, n, rows):
-                hc, tc = h[s:s + rows].to(dtype), targets[s:s + rows]
+                hc, tc = mm.rows(h[s:s + rows]), targets[s:s + rows]
                 # pointwise from here to the matmuls, so torch.compile fuses each line into one pass over the chunk
-                logits = (hc @ w.t()).float().masked_fill(cols >= vocab_size, float("-inf"))  # (rows, Vp)
+                logits = mm.logits(hc).float().masked_fill(cols >= vocab_size, float("-inf"))  # (rows, Vp)
                 lse = torch.logsumexp(logits, dim=-1)                # (rows,)
                 loss += (lse - logits.gather(1, tc[:, None]).squeeze(1)).sum()
                 if not want_grad:
                     continue
                 # d(mean loss)/d(logits) = (softmax - one_hot) / N; padded columns: exp(-inf) = 0
-                g = (((logits - lse[:, None]).exp() - (cols == tc[:, None]).float()) / n).to(dtype)
-                grad_h[s:s + rows] = g @ w
-                grad_w += (g.t() @ hc).float()
+                g = mm.grad_logits(((logits - lse[:, None]).exp() - (cols == tc[:, None]).float()) / n)
+                grad_h[s:s + rows] = mm.grad_rows(g)
+                grad_w += mm.grad_weight(g, hc)
         if want_grad:
             ctx.save_for_backward(grad_h, grad_w)
             ctx.weight_dtype = weight.dtype
@@ -59,15 +110,16 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_out, (grad_w * grad_out).to(ctx.weight_dtype), None, None, None, None, None
+        return grad_h * grad_out, (grad_w * grad_out).to(ctx.weight_dtype), *[None] * 7
 
 
 def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, n_chunks: int,
-                          vocab_size: int) -> torch.Tensor:
+                          vocab_size: int, fp8: bool = False, fast_accum: bool = False) -> torch.Tensor:
     """Mean cross-entropy of logits h @ weight.T (first vocab_size columns) against targets, never holding more
     than one chunk of logits. h (B, T, C), weight (Vp, C), targets (B, T) -> scalar; same value and gradients as
-    F.cross_entropy(F.linear(h, weight)[..., :vocab_size].float().view(-1, vocab_size), targets.view(-1))."""
+    F.cross_entropy(F.linear(h, weight)[..., :vocab_size].float().view(-1, vocab_size), targets.view(-1)).
+    fp8: the head's matmuls in FP8 (fp8.py), as an FP8Linear head would be; fast_accum for its forward GEMM."""
     h2, t = h.reshape(-1, h.size(-1)), targets.reshape(-1)
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     dtype = _compute_dtype(h.device.type, h.dtype)
-    return _ChunkedLinearCrossEntropy.apply(h2, weight, t, n_chunks, vocab_size, dtype, want_grad)
+    return _ChunkedLinearCrossEntropy.apply(h2, weight, t, n_chunks, vocab_size, dtype, want_grad, fp8, fast_accum)

@@ -101,7 +101,7 @@ class TrainConfig:
     parallel: Literal["ddp", "fsdp2"] = param("ddp", "data-parallel wrapper when world size > 1")
     fp8: Literal["none", "lm_head", "blocks", "all"] = param(
         "none", "FP8 matmuls (e4m3 forward, e5m2 gradients, per-tensor scales): the output head only, every "
-                "Linear but the head (combines with train.loss_chunks), or every Linear")
+                "Linear but the head, or every Linear; under train.loss_chunks the chunked head follows it")
     fp8_fast_accum: bool = param(False, "train.fp8: the forward GEMMs use Hopper's fast FP8 accumulation "
                                         "(torch._scaled_mm use_fast_accum; gradients stay precise, as torchao)")
     attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = param(
@@ -115,15 +115,9 @@ class TrainConfig:
     loss_chunks: int = param(0, "compute LM head + cross-entropy over this many row chunks with the gradient "
                                 "formed in the forward, so the (B*T, vocab) logits never exist at once "
                                 "(chunked_ce.py); 0 = off (one plain head matmul). Chunks of ~8k rows keep each "
-                                "matmul large (8 at B=64, T=1024); with train.fp8 only as 'blocks'", ge=0)
+                                "matmul large (8 at B=64, T=1024)", ge=0)
     target_val_loss: float = param(0.0, "time-to-target runs: stop (and checkpoint) at the first evaluation with "
                                         "val loss <= this; 0 = off", ge=0.0)
-
-    def validate(self) -> None:
-        if self.loss_chunks and self.fp8 in ("lm_head", "all"):
-            raise ConfigError(f"config field 'train.loss_chunks': {self.loss_chunks} computes the LM head itself "
-                              f"in bf16, so train.fp8={self.fp8!r} would silently lose its FP8 head; set "
-                              "train.loss_chunks=0 or train.fp8='blocks' (FP8 everywhere but the head)")
 
 
 @dataclass

@@ -1,15 +1,27 @@
 """FP8 matmuls for the trainer's nn.Linear layers (train.fp8): e4m3 operands forward, e5m2 gradients backward,
-per-tensor dynamic scales. The class swap keeps parameter names, so checkpoints and export are unchanged."""
+per-tensor dynamic scales. The class swap keeps parameter names, so checkpoints and export are unchanged.
+quantize / mm8 are also what the chunked LM head (chunked_ce.py) uses for its FP8 head."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2  # forward operands; gradients (wider range, 2 mantissa bits)
 
-def _to_fp8(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+
+def quantize(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tensor dynamic scaling: map amax to the format's largest finite value; returns (t8, 1/scale)."""
     scale = torch.finfo(dtype).max / t.abs().amax().float().clamp(min=1e-12)
     return (t.float() * scale).to(dtype), scale.reciprocal()
+
+
+def mm8(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor, out_dtype: torch.dtype,
+        fast_accum: bool = False) -> torch.Tensor:
+    """a @ b of two quantized operands, (M, K) @ (K, N), dequantized into out_dtype. _scaled_mm wants `a`
+    row-major and `b` column-major; either is copied into that layout only when it is not already in it."""
+    a8 = a8 if a8.is_contiguous() else a8.contiguous()
+    b8 = b8 if b8.t().is_contiguous() else b8.t().contiguous().t()
+    return torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=fast_accum)
 
 
 class _FP8Matmul(torch.autograd.Function):
@@ -18,19 +30,17 @@ class _FP8Matmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, fast_accum: bool) -> torch.Tensor:  # x (M, K), w (N, K)
-        (x8, sx), (w8, sw) = _to_fp8(x, torch.float8_e4m3fn), _to_fp8(w, torch.float8_e4m3fn)
+        (x8, sx), (w8, sw) = quantize(x, E4M3), quantize(w, E4M3)
         ctx.save_for_backward(x8, sx, w8, sw)
         ctx.dtypes = (x.dtype, w.dtype)
-        return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16,
-                                use_fast_accum=fast_accum)
+        return mm8(x8, sx, w8.t(), sw, torch.bfloat16, fast_accum)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # g (M, N); _scaled_mm wants its 2nd operand column-major
+    def backward(ctx, g: torch.Tensor):  # g (M, N)
         x8, sx, w8, sw = ctx.saved_tensors
-        g8, sg = _to_fp8(g, torch.float8_e5m2)
-        gx = torch._scaled_mm(g8, w8.t().contiguous().t(), scale_a=sg, scale_b=sw, out_dtype=torch.bfloat16)
-        gw = torch._scaled_mm(g8.t().contiguous(), x8.t().contiguous().t(), scale_a=sg, scale_b=sx,
-                              out_dtype=torch.float32)
+        g8, sg = quantize(g, E5M2)
+        gx = mm8(g8, sg, w8, sw, torch.bfloat16)
+        gw = mm8(g8.t(), sg, x8, sx, torch.float32)
         return gx.to(ctx.dtypes[0]), gw.to(ctx.dtypes[1]), None
 
 
@@ -48,7 +58,8 @@ class FP8Linear(nn.Linear):
 
 def use_fp8(model: nn.Module, which: str, fast_accum: bool = False) -> None:
     """Swap the chosen Linears' class in place: 'lm_head' (the largest matmul, as modded-nanogpt), 'blocks'
-    (every Linear but the head, which the chunked loss computes itself) or 'all'."""
+    (every Linear but the head) or 'all'. Under train.loss_chunks the chunked loss computes the head and reads
+    the swap: an FP8Linear head makes its three matmuls FP8 too."""
     for name, module in model.named_modules():
         head = name == "lm_head"
         if type(module) is nn.Linear and (which == "all" or (which == "blocks") != head):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from scalelab.pretrain.chunked_ce import chunked_cross_entropy
 from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config, peak_flops, save_config
-from scalelab.pretrain.fp8 import use_fp8
+from scalelab.pretrain.fp8 import FP8Linear, use_fp8
 from scalelab.pretrain.muon import build_muon_adamw
 from scalelab.pretrain.shards import StreamPosition, TokenStream, list_shards, manifest_hash, read_header
 
@@ -117,8 +117,10 @@ class GPT(nn.Module):
         # Padded vocab rows exist only for matmul shape; they are excluded from the softmax, so this
         # model and its exported 50257-row HF twin compute the same distribution.
         if targets is not None and self.loss_chunks:  # loss only: the (B*T, V) logits are never built
+            fp8 = isinstance(self.lm_head, FP8Linear)  # train.fp8 'lm_head'/'all': the chunks' matmuls in FP8
             return None, chunked_cross_entropy(self.transformer.ln_f(x), self.lm_head.weight, targets,
-                                               self.loss_chunks, self.cfg.vocab_size)
+                                               self.loss_chunks, self.cfg.vocab_size, fp8, self.lm_head.fast_accum
+                                               if fp8 else False)
         logits = self.lm_head(self.transformer.ln_f(x))[..., : self.cfg.vocab_size]
         if targets is None:
             return logits, None
@@ -350,16 +352,9 @@ def train_step(model, optimizer, stream, cfg, world, device, autocast, accum, fi
     return loss_sum.item() / accum, norm.item()
 
 
-def train(cfg: PretrainConfig) -> dict:
-    """Run (or resume) training in cfg.run_dir; return the summary also written to results.json."""
-    rank, world, device = setup_distributed(cfg)
-    run_dir = cfg.run_dir
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.toml")
-    log, data_sha, accum = MetricsLog(run_dir, rank), manifest_hash(cfg.data.dir), cfg.grad_accum(world)
-    torch.manual_seed(cfg.train.seed)
-    random.seed(cfg.train.seed)
+def build(cfg: PretrainConfig, world: int, device: torch.device):
+    """(model, optimizer, autocast context, parameter count, compute dtype) as cfg describes them: FP8 swap, SDPA
+    kernel choice, compile and data-parallel wrapping. Seed first: the init draws from the global generator."""
     model = GPT(cfg.model, cfg.train.loss_chunks).to(device)
     if cfg.train.fp8 != "none":
         use_fp8(model, cfg.train.fp8, cfg.train.fp8_fast_accum)
@@ -372,6 +367,20 @@ def train(cfg: PretrainConfig) -> dict:
     model = wrap_model(model, cfg, world, device, dtype)
     optimizer = make_optimizer(model, cfg, device)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    return model, optimizer, autocast, n_params, dtype
+
+
+def train(cfg: PretrainConfig) -> dict:
+    """Run (or resume) training in cfg.run_dir; return the summary also written to results.json."""
+    rank, world, device = setup_distributed(cfg)
+    run_dir = cfg.run_dir
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.toml")
+    log, data_sha, accum = MetricsLog(run_dir, rank), manifest_hash(cfg.data.dir), cfg.grad_accum(world)
+    torch.manual_seed(cfg.train.seed)
+    random.seed(cfg.train.seed)
+    model, optimizer, autocast, n_params, dtype = build(cfg, world, device)
     ckpt, step, pos, state = run_dir / "checkpoint.pt", 0, None, None
     if cfg.train.resume and ckpt.is_file():
         state = load_checkpoint(ckpt, model, optimizer, cfg, data_sha, world)

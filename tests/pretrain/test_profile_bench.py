@@ -1,0 +1,55 @@
+"""bench/gpu_pretrain_profile.py's trace reading (the GPU run itself is a benchmark): busy time is the union of
+kernel intervals, kernels are binned by name, per-step figures divide by the profiled steps."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_pretrain_profile.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("gpu_pretrain_profile", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def kernel(name: str, ts: float, dur: float) -> dict:
+    return {"cat": "kernel", "ph": "X", "name": name, "ts": ts, "dur": dur}
+
+
+def test_union_counts_overlap_once(bench):
+    assert bench.union_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17  # [0,12) + [20,25)
+    assert bench.union_us([]) == 0
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("nvjet_qqtst_128x256_64x4_2x1_v_bz_coopA_TNT", "gemm"),
+    ("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128", "gemm"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", "attention"),
+    ("triton_per_fused_native_layer_norm_0", "triton"),
+    ("Memcpy HtoD (Pageable -> Device)", "copy"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "collective"),
+    ("void at::native::vectorized_elementwise_kernel<4>", "other"),
+])
+def test_kernel_kinds(bench, name, kind):
+    assert bench.kind_of(name) == kind
+
+
+def test_summary_per_step(bench):
+    trace = {"traceEvents": [
+        kernel("nvjet_hsh_gemm", 0, 300), kernel("triton_poi_fused_add_0", 300, 100),
+        kernel("nvjet_hsh_gemm", 1000, 300), kernel("triton_poi_fused_add_0", 1250, 100),  # overlaps 50 us
+        {"cat": "cpu_op", "ph": "X", "name": "aten::mm", "ts": 0, "dur": 2000},  # host events are not GPU time
+    ]}
+    s = bench.summarize(trace, wall_s=0.002, steps=2, top=5)
+    assert s["gpu_busy_ms_per_step"] == pytest.approx((400 + 350) / 1000 / 2)
+    assert s["gpu_busy_fraction"] == pytest.approx(750 / 2000)
+    assert s["ms_per_step_by_kind"] == pytest.approx({"gemm": 0.3, "triton": 0.1})
+    assert s["kernels_per_step"] == 2 and s["wall_ms_per_step"] == pytest.approx(1.0)
+    assert [k["name"] for k in s["top_kernels"]] == ["nvjet_hsh_gemm", "triton_poi_fused_add_0"]
+    assert s["top_kernels"][0]["calls_per_step"] == 1
