@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from scalelab.pretrain.ce_kernel import cross_entropy_rows_
 from scalelab.pretrain.fp8 import E4M3, E5M2, mm8, quantize
 
 
@@ -50,10 +51,13 @@ class _Head:
 
 class _Fp8Head:
     """The same three matmuls in FP8 (train.fp8 'lm_head'/'all', fp8.py's recipe): the weight and each chunk's
-    rows in e4m3, the logit gradient in e5m2, per-tensor scales; the weight is quantized once per call."""
+    rows in e4m3 with per-tensor dynamic scales, the weight quantized once per call. The logit gradient goes to
+    e5m2 with a static scale: |softmax - one_hot| / N <= 1/N, so its amax is known and the pass that would
+    measure it (a full read of the chunk) is not needed."""
 
-    def __init__(self, w: torch.Tensor, fast_accum: bool):
+    def __init__(self, w: torch.Tensor, fast_accum: bool, n: int):
         self.w8, self.sw = quantize(w, E4M3)
+        self.grad_amax = 1.0 / n
         self.w8_cols = self.w8.t().contiguous().t()  # column-major copy for d/dh, made once rather than per chunk
         self.fast_accum = fast_accum
 
@@ -64,7 +68,7 @@ class _Fp8Head:
         return mm8(hc[0], hc[1], self.w8.t(), self.sw, torch.bfloat16, self.fast_accum)
 
     def grad_logits(self, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return quantize(g, E5M2)
+        return quantize(g, E5M2, self.grad_amax)
 
     def grad_rows(self, g: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return mm8(g[0], g[1], self.w8_cols, self.sw, torch.bfloat16)
@@ -73,18 +77,33 @@ class _Fp8Head:
         return mm8(g[0].t(), g[1], hc[0], hc[1], torch.float32)
 
 
+def _loss_and_grad(logits: torch.Tensor, tc: torch.Tensor, cols: torch.Tensor, vocab_size: int, n: int,
+                   want_grad: bool, kernel: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(sum of the chunk's row losses, d(mean loss)/d(logits) or None) for logits (rows, Vp) from the head."""
+    if kernel:  # the Triton kernel: the gradient replaces the logits in place (ce_kernel.py)
+        return cross_entropy_rows_(logits, tc, vocab_size, 1.0 / n, want_grad).sum(), logits if want_grad else None
+    # pointwise from here on, so torch.compile fuses each line into one pass over the chunk
+    logits = logits.float().masked_fill(cols >= vocab_size, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)                    # (rows,)
+    loss = (lse - logits.gather(1, tc[:, None]).squeeze(1)).sum()
+    if not want_grad:
+        return loss, None
+    # d(mean loss)/d(logits) = (softmax - one_hot) / N; padded columns: exp(-inf) = 0
+    return loss, ((logits - lse[:, None]).exp() - (cols == tc[:, None]).float()) / n
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """mean_i CE(h_i @ W.T, t_i) with the softmax restricted to the first `vocab_size` of W's rows.
     Forward saves d(loss)/dh (N, C) and d(loss)/dW (Vp, C) instead of the logits; backward scales them."""
 
     @staticmethod
     def forward(ctx, h, weight, targets, n_chunks: int, vocab_size: int, dtype: torch.dtype, want_grad: bool,
-                fp8: bool, fast_accum: bool):
+                fp8: bool, fast_accum: bool, kernel: bool):
         # h (N, C) float; weight (Vp, C); targets (N,) int64. Matmuls in `dtype` (or FP8), softmax in fp32, like the
         # plain path (bf16 autocast matmul, then logits.float()).
         n = h.size(0)
         with torch.autocast(h.device.type, enabled=False):
-            mm = _Fp8Head(weight, fast_accum) if fp8 else _Head(weight.to(dtype), dtype)
+            mm = _Fp8Head(weight, fast_accum, n) if fp8 else _Head(weight.to(dtype), dtype)
             loss = torch.zeros((), dtype=torch.float32, device=h.device)
             grad_h = torch.empty_like(h) if want_grad else None
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if want_grad else None
@@ -92,14 +111,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             rows = -(-n // n_chunks)                                 # ceil: torch.chunk's split
             for s in range(0, n, rows):
                 hc, tc = mm.rows(h[s:s + rows]), targets[s:s + rows]
-                # pointwise from here to the matmuls, so torch.compile fuses each line into one pass over the chunk
-                logits = mm.logits(hc).float().masked_fill(cols >= vocab_size, float("-inf"))  # (rows, Vp)
-                lse = torch.logsumexp(logits, dim=-1)                # (rows,)
-                loss += (lse - logits.gather(1, tc[:, None]).squeeze(1)).sum()
+                chunk_loss, g = _loss_and_grad(mm.logits(hc), tc, cols, vocab_size, n, want_grad, kernel)
+                loss += chunk_loss
                 if not want_grad:
                     continue
-                # d(mean loss)/d(logits) = (softmax - one_hot) / N; padded columns: exp(-inf) = 0
-                g = mm.grad_logits(((logits - lse[:, None]).exp() - (cols == tc[:, None]).float()) / n)
+                g = mm.grad_logits(g)
                 grad_h[s:s + rows] = mm.grad_rows(g)
                 grad_w += mm.grad_weight(g, hc)
         if want_grad:
@@ -110,16 +126,19 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_out, (grad_w * grad_out).to(ctx.weight_dtype), *[None] * 7
+        return grad_h * grad_out, (grad_w * grad_out).to(ctx.weight_dtype), *[None] * 8
 
 
 def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, n_chunks: int,
-                          vocab_size: int, fp8: bool = False, fast_accum: bool = False) -> torch.Tensor:
+                          vocab_size: int, fp8: bool = False, fast_accum: bool = False,
+                          kernel: bool = False) -> torch.Tensor:
     """Mean cross-entropy of logits h @ weight.T (first vocab_size columns) against targets, never holding more
     than one chunk of logits. h (B, T, C), weight (Vp, C), targets (B, T) -> scalar; same value and gradients as
     F.cross_entropy(F.linear(h, weight)[..., :vocab_size].float().view(-1, vocab_size), targets.view(-1)).
-    fp8: the head's matmuls in FP8 (fp8.py), as an FP8Linear head would be; fast_accum for its forward GEMM."""
+    fp8: the head's matmuls in FP8 (fp8.py), as an FP8Linear head would be; fast_accum for its forward GEMM.
+    kernel: each chunk's loss and gradient in one Triton kernel (ce_kernel.py) rather than compiled torch ops."""
     h2, t = h.reshape(-1, h.size(-1)), targets.reshape(-1)
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     dtype = _compute_dtype(h.device.type, h.dtype)
-    return _ChunkedLinearCrossEntropy.apply(h2, weight, t, n_chunks, vocab_size, dtype, want_grad, fp8, fast_accum)
+    return _ChunkedLinearCrossEntropy.apply(h2, weight, t, n_chunks, vocab_size, dtype, want_grad, fp8, fast_accum,
+                                            kernel)

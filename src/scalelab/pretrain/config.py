@@ -116,8 +116,16 @@ class TrainConfig:
                                 "formed in the forward, so the (B*T, vocab) logits never exist at once "
                                 "(chunked_ce.py); 0 = off (one plain head matmul). Chunks of ~8k rows keep each "
                                 "matmul large (8 at B=64, T=1024)", ge=0)
+    loss_kernel: Literal["torch", "triton"] = param(
+        "torch", "train.loss_chunks: each chunk's softmax, loss and gradient as compiled torch ops, or in one Triton "
+                 "kernel that reads the logits twice and writes the gradient over them (ce_kernel.py; CUDA)")
     target_val_loss: float = param(0.0, "time-to-target runs: stop (and checkpoint) at the first evaluation with "
                                         "val loss <= this; 0 = off", ge=0.0)
+
+    def validate(self) -> None:
+        if self.loss_kernel == "triton" and not self.loss_chunks:
+            raise ConfigError("config field 'train.loss_kernel': 'triton' computes the chunks of the chunked loss; "
+                              "set train.loss_chunks > 0 (8 at B=64, T=1024) or train.loss_kernel='torch'")
 
 
 @dataclass

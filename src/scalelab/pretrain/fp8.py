@@ -9,9 +9,13 @@ import torch.nn as nn
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2  # forward operands; gradients (wider range, 2 mantissa bits)
 
 
-def quantize(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor dynamic scaling: map amax to the format's largest finite value; returns (t8, 1/scale)."""
-    scale = torch.finfo(dtype).max / t.abs().amax().float().clamp(min=1e-12)
+def quantize(t: torch.Tensor, dtype: torch.dtype, amax: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor scaling: map amax to the format's largest finite value; returns (t8, 1/scale). amax None:
+    measured (dynamic scaling, one more read of t); a float: a bound the caller knows |t| keeps (static)."""
+    if amax is None:
+        scale = torch.finfo(dtype).max / t.abs().amax().float().clamp(min=1e-12)
+    else:
+        scale = torch.full((), torch.finfo(dtype).max / amax, dtype=torch.float32, device=t.device)
     return (t.float() * scale).to(dtype), scale.reciprocal()
 
 

@@ -78,9 +78,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, loss_chunks: int = 0):
+    def __init__(self, cfg: ModelConfig, loss_chunks: int = 0, loss_kernel: bool = False):
         super().__init__()
         self.cfg, self.loss_chunks = cfg, loss_chunks  # loss_chunks > 0: chunked head + loss (chunked_ce.py)
+        self.loss_kernel = loss_kernel  # its chunks' softmax/loss/gradient in one Triton kernel (ce_kernel.py)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
@@ -120,7 +121,7 @@ class GPT(nn.Module):
             fp8 = isinstance(self.lm_head, FP8Linear)  # train.fp8 'lm_head'/'all': the chunks' matmuls in FP8
             return None, chunked_cross_entropy(self.transformer.ln_f(x), self.lm_head.weight, targets,
                                                self.loss_chunks, self.cfg.vocab_size, fp8, self.lm_head.fast_accum
-                                               if fp8 else False)
+                                               if fp8 else False, self.loss_kernel)
         logits = self.lm_head(self.transformer.ln_f(x))[..., : self.cfg.vocab_size]
         if targets is None:
             return logits, None
@@ -355,7 +356,7 @@ def train_step(model, optimizer, stream, cfg, world, device, autocast, accum, fi
 def build(cfg: PretrainConfig, world: int, device: torch.device):
     """(model, optimizer, autocast context, parameter count, compute dtype) as cfg describes them: FP8 swap, SDPA
     kernel choice, compile and data-parallel wrapping. Seed first: the init draws from the global generator."""
-    model = GPT(cfg.model, cfg.train.loss_chunks).to(device)
+    model = GPT(cfg.model, cfg.train.loss_chunks, cfg.train.loss_kernel == "triton").to(device)
     if cfg.train.fp8 != "none":
         use_fp8(model, cfg.train.fp8, cfg.train.fp8_fast_accum)
     if device.type == "cuda" and cfg.train.attention != "auto":  # keep only the chosen SDPA kernel

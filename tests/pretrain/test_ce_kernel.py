@@ -1,0 +1,34 @@
+"""ce_kernel.py (train.loss_kernel='triton') on CPU: its cases (ce_kernel_cases.py) run under Triton's interpreter
+in a pytest subprocess, since TRITON_INTERPRET must be set before triton is imported; here, the refusal to run
+on CPU without it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from scalelab.pretrain import ce_kernel  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_kernel_cases_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests/pretrain/ce_kernel_cases.py"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "5 passed" in run.stdout  # every case ran: none skipped or deselected
+
+
+def test_kernel_refuses_cpu_without_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    logits, targets = torch.zeros(2, 8), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="loss_kernel='triton' runs on CUDA"):
+        ce_kernel.cross_entropy_rows_(logits, targets, 8, 0.5, want_grad=True)
