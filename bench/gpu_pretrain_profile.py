@@ -5,11 +5,13 @@ Builds the trainer exactly as train_gpt.train does (train_gpt.build), runs --war
 torch.profiler and reads the Chrome trace's kernels:
   busy      the union of kernel intervals over the profiled wall clock (below 1: the GPU waits on the host:
             launches, data, .item() syncs);
-  by kind   GEMM (cuBLAS/CUTLASS: bf16 and FP8), attention (SDPA kernels), fused elementwise/reductions (Triton,
-            from torch.compile), copies, collectives, other; the top kernels by total time.
+  by kind   GEMM (cuBLAS/CUTLASS: bf16 and FP8), attention (SDPA kernels), the Triton loss kernel, fused
+            elementwise/reductions (Triton, from torch.compile), copies, collectives, other; the top kernels.
+The trace is kept beside the JSON (.trace.json.gz); --from-trace re-reads one (same timings, current binning).
 
     PYTHONPATH=src python3 bench/gpu_pretrain_profile.py --config configs/pretrain/gpt2-124m-fineweb-edu.toml \\
         --set data.dir=\\"DIR\\" --set train.fp8=\\"all\\" ... --out /tmp/out/profile.json
+    python3 bench/gpu_pretrain_profile.py --from-trace results/h200/profile.json   # re-bin a kept trace, no GPU
 """
 from __future__ import annotations
 
@@ -28,10 +30,11 @@ import torch
 from scalelab.pretrain import train_gpt
 from scalelab.pretrain.config import load_pretrain_config
 
-KINDS = [  # first match wins; names as cuBLAS (nvjet/xmma), CUTLASS, cuDNN/flash SDPA and Inductor emit them
-    ("gemm", re.compile(r"nvjet|gemm|xmma|cutlass|_mm_|matmul", re.I)),
+KINDS = [  # first match wins; names as Inductor (triton_*), cuBLAS (nvjet/xmma), CUTLASS and cuDNN/flash SDPA emit them
+    ("loss kernel", re.compile(r"^_ce_rows")),  # ce_kernel.py (train.loss_kernel="triton")
+    ("triton", re.compile(r"^triton_")),        # before gemm: fused names carry their neighbours' ops (_scaled_mm)
+    ("gemm", re.compile(r"nvjet|gemm|xmma|cutlass|matmul", re.I)),
     ("attention", re.compile(r"sdpa|fmha|flash|attn|attention|cudnn_generated", re.I)),
-    ("triton", re.compile(r"^triton_")),
     ("copy", re.compile(r"memcpy|memset|copy|cat|fill", re.I)),
     ("collective", re.compile(r"nccl", re.I)),
 ]
@@ -79,16 +82,43 @@ def run_steps(n: int, model, optimizer, stream, cfg, device, autocast, accum) ->
     return time.perf_counter() - t0
 
 
+def resummarize(path: Path, top: int) -> int:
+    """Rebin the kept trace of an earlier run (its wall clock and step count from its JSON) and rewrite the JSON."""
+    result = json.loads(path.read_text())
+    with gzip.open(path.with_suffix(".trace.json.gz"), "rt") as f:
+        trace = json.load(f)
+    steps = result["profiled_steps"]
+    result.update(summarize(trace, result["wall_ms_per_step"] * steps / 1000, steps, top))
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    report(result)
+    return 0
+
+
+def report(result: dict) -> None:
+    print(f"{result['tokens_per_s']:,.0f} tok/s unprofiled | profiled {result['wall_ms_per_step']:.1f} ms/step, "
+          f"GPU busy {result['gpu_busy_ms_per_step']:.1f} ms ({100 * result['gpu_busy_fraction']:.1f}%), "
+          f"{result['kernels_per_step']:.0f} kernels/step")
+    for kind, ms in result["ms_per_step_by_kind"].items():
+        print(f"  {kind:12s} {ms:8.1f} ms/step")
+    for k in result["top_kernels"]:
+        print(f"  {k['ms_per_step']:8.2f} ms  x{k['calls_per_step']:<5.0f} {k['name'][:110]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True)
+    ap.add_argument("--config")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--timed", type=int, default=5)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--from-trace", type=Path, metavar="JSON", help="re-summarize the trace kept beside this result")
     args = ap.parse_args(argv)
+    if args.from_trace:
+        return resummarize(args.from_trace, args.top)
+    if not (args.config and args.out):
+        ap.error("--config and --out are needed to profile (or --from-trace to re-read a kept trace)")
     cfg = load_pretrain_config(args.config, args.set)
     device = torch.device("cuda")
     torch.manual_seed(cfg.train.seed)
@@ -112,13 +142,7 @@ def main(argv: list[str] | None = None) -> int:
               "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), **summarize(trace, wall_s, args.steps,
                                                                                           args.top)}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{result['tokens_per_s']:,.0f} tok/s unprofiled | profiled {result['wall_ms_per_step']:.1f} ms/step, "
-          f"GPU busy {result['gpu_busy_ms_per_step']:.1f} ms ({100 * result['gpu_busy_fraction']:.1f}%), "
-          f"{result['kernels_per_step']:.0f} kernels/step")
-    for kind, ms in result["ms_per_step_by_kind"].items():
-        print(f"  {kind:12s} {ms:8.1f} ms/step")
-    for k in result["top_kernels"]:
-        print(f"  {k['ms_per_step']:8.2f} ms  x{k['calls_per_step']:<5.0f} {k['name'][:110]}")
+    report(result)
     return 0
 
 

@@ -36,7 +36,9 @@ VARIANTS = "results/h200/pretrain_recipe_variants.json"
 LADDER = "results/h200/scaling_ladder.json"
 VARIANTS2 = "results/h200/pretrain_variants_round2.json"
 TTT = "results/h200/pretrain_time_to_target.json"
-INPUTS = (RECIPE, SWEEP, S1, S2, VARIANTS, LADDER, VARIANTS2, TTT)
+VARIANTS3 = "results/h200/pretrain_variants_round3.json"
+LADDER_CHECK = "results/h200/scaling_ladder_350m_check.json"
+INPUTS = (RECIPE, SWEEP, S1, S2, VARIANTS, LADDER, VARIANTS2, TTT, VARIANTS3, LADDER_CHECK)
 
 
 def shape(n_layer: int, n_head: int, n_embd: int, block: int, micro_batch: int) -> tuple[str, ...]:
@@ -73,6 +75,8 @@ ROWS = (
             ("quality", "tokens_per_s"), tokens_per_s_key="plain"),
     *(RowSpec(f"recipe-plain-round2-{c}", f"same, plain run beside the second variants round ({c})", "held-out",
               VARIANTS2, ("calls", c, "variants", "plain")) for c in ("call1", "call3", "call6")),
+    *(RowSpec(f"recipe-plain-round3-{c}", f"same, plain run beside the third variants round ({c})", "held-out",
+              VARIANTS3, ("calls", c, "variants", "plain")) for c in ("call1", "call2")),
     RowSpec("recipe-ttt-baseline", "same, time-to-target baseline (no memory)", "held-out", TTT,
             ("runs", "baseline")),
     RowSpec("ddp-2gpu", "124M recipe, 2 GPUs DDP (accum 4)", "held-out", S1, ("runs", "ddp"),
@@ -93,6 +97,9 @@ EXCLUDED = (
                "falls back to its priors for train.fp8 != 'none'"},
     {"source": f"{VARIANTS2} calls.*.variants (all but plain), {TTT} runs.recipe",
      "reason": "recipe variants: chunked loss, FP8, Muon and larger micro-batches are outside the forms"},
+    {"source": f"{VARIANTS3} calls.*.variants (all but plain), quality",
+     "reason": "recipe variants: the FP8 chunked head and the Triton loss kernel are outside the forms; the "
+               "quality runs shared one GPU, so their speeds mean nothing"},
     {"source": f"{LADDER} points", "reason": "ladder runs: eager mode (no torch.compile), which the forms do not "
                                              "model; they feed the loss law only"},
 )
@@ -226,8 +233,27 @@ def loss_ladder(repo: Path) -> dict:
     Parameters counted as the ladder counts them (predict.law_params)."""
     doc = read_json(repo / LADDER)
     sizes = {name: float(law_params(config(SHAPES[name], repo).model)) for name in ("350M", "1B")}
+    scored = check_ladder(doc["points"], sizes)
     return {"source": LADDER, "data_manifest_sha256": doc["data_manifest_sha256"], "points": len(doc["points"]),
-            **check_ladder(doc["points"], sizes)}
+            **scored, "checks": ladder_checks(read_json(repo / LADDER_CHECK), scored, doc["data_manifest_sha256"])}
+
+
+def ladder_checks(check: dict, scored: dict, manifest: str) -> list[dict]:
+    """A run outside the fit at a predicted size and budget, against both forms' predictions for it."""
+    point = check["point"]
+    if point["data_manifest_sha256"] != manifest:
+        raise ValueError(f"{LADDER_CHECK}: its run is on data {point['data_manifest_sha256'][:12]}, the ladder on "
+                         f"{manifest[:12]}")
+    match = lambda preds: next(p for p in preds if p["n_params"] == point["n_params"]  # noqa: E731
+                               and p["tokens"] == point["tokens"])
+    additive, joint = match(scored["predictions"]), match(scored["joint"]["predictions"])
+    measured = point["final_val_loss"]
+    return [{"source": LADDER_CHECK, "size": additive["size"], "n_params": point["n_params"],
+             "tokens": point["tokens"], "measured": measured, "final_train_loss": check["final_train_loss"],
+             "predicted": additive["loss"],
+             "interval": additive["interval"], "rel_error": additive["loss"] / measured - 1,
+             "inside_interval": additive["interval"][0] <= measured <= additive["interval"][1],
+             "joint_predicted": joint["loss"], "joint_rel_error": joint["loss"] / measured - 1}]
 
 
 def time_to_target(predictions: list[dict], ddp_efficiency: float) -> list[dict]:
@@ -324,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in lad["predictions"]:
         print(f"ladder law: {p['size']} at {p['tokens']:,.0f} tokens -> {p['loss']:.3f} "
               f"({p['interval'][0]:.3f}-{p['interval'][1]:.3f})")
+    for c in lad["checks"]:
+        print(f"check: {c['size']} measured {c['measured']:.3f}, additive {c['predicted']:.3f} ({c['rel_error']:+.1%}, "
+              f"inside interval: {c['inside_interval']}), joint {c['joint_predicted']:.3f} ({c['joint_rel_error']:+.1%})")
     print(f"wrote {OUT}")
     return 0
 

@@ -32,6 +32,8 @@ def test_union_counts_overlap_once(bench):
     ("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128", "gemm"),
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", "attention"),
     ("triton_per_fused_native_layer_norm_0", "triton"),
+    ("triton_poi_fused__scaled_mm__to_copy_add_clamp_gelu_mul_reciprocal_t_view_22", "triton"),  # not a GEMM
+    ("_ce_rows", "loss kernel"),
     ("Memcpy HtoD (Pageable -> Device)", "copy"),
     ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "collective"),
     ("void at::native::vectorized_elementwise_kernel<4>", "other"),

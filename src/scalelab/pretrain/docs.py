@@ -14,7 +14,7 @@ from pathlib import Path
 from scalelab.core.hardware import get_hardware
 from scalelab.core.jsonio import read_json
 from scalelab.pretrain import calibrate as cal
-from scalelab.pretrain import docs_loss
+from scalelab.pretrain import docs_loss, docs_speed
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
 
 CALIBRATION = "results/h200/pretrain_predictor_calibration.json"
@@ -37,6 +37,7 @@ class DocInputs:
     ladder: dict | None             # absent until bench/gpu_scaling_ladder.sh ran
     ttt: dict | None                # bench/gpu_pretrain_ttt.sh's results, when committed
     variants2: dict | None          # the second round of throughput variants, when committed
+    variants3: dict | None          # the third round, with its profiles (docs_speed.load)
     recipe: PretrainConfig
     demo: dict | None               # the CPU demo's results.json, when the run folder exists
     figures: tuple[tuple[str, str], ...] = ()   # (name, relative path) written beside the Markdown
@@ -47,7 +48,8 @@ def load_inputs(repo: Path) -> DocInputs:
     return DocInputs(calibration=read_json(repo / CALIBRATION),
                      session1=read_json(repo / S1), session2=read_json(repo / S2),
                      variants=read_json(repo / VARIANTS), ladder=optional(LADDER), ttt=optional(docs_loss.TTT),
-                     variants2=optional(VARIANTS2), recipe=load_pretrain_config(repo / RECIPE),
+                     variants2=optional(VARIANTS2), variants3=docs_speed.load(repo),
+                     recipe=load_pretrain_config(repo / RECIPE),
                      demo=optional(f"{DEMO}/results.json"))
 
 
@@ -97,9 +99,13 @@ def _intro(d: DocInputs) -> list[str]:
                f"The scaling-law ladder has {len(d.ladder.get('points', []))} finished runs."), ""]
 
 
+def _latest(d: DocInputs) -> dict:
+    return d.variants3 or d.variants2 or d.variants
+
+
 def _speed_verdict(d: DocInputs) -> str:
     """The latest round's verdict in a word or two (met / not met); the variants section gives the reason."""
-    return (d.variants2 or d.variants)["verdict"].split(":")[0]
+    return _latest(d)["verdict"].split(":")[0]
 
 
 def _ttt_sentence(d: DocInputs) -> str:
@@ -155,7 +161,7 @@ def _calibration_notes(d: DocInputs) -> list[str]:
             f"the form's physics rather than being a blind test (now {_signed(abl['as used']['error_350m'])}). "
             "2-GPU rows are predicted as 1-GPU work, so their errors are the second GPU's measured cost. FSDP2 "
             f"memory is {_signed(fsdp - 1)} high: its bf16 residual stream is not modelled. Not scored: "
-            + "; ".join(e["reason"].split(":")[0] for e in c["excluded"]) + ".",
+            + "; ".join(dict.fromkeys(e["reason"].split(":")[0] for e in c["excluded"])) + ".",
             "", f"H100: {c['transfer']['h100-sxm']} ({get_hardware('h200').hbm_tb_s:g} TB/s on H200, "
             f"{get_hardware('h100-sxm').hbm_tb_s:g} on H100)."]
 
@@ -196,8 +202,9 @@ def _predictions(d: DocInputs) -> list[str]:
 def _variant_rounds(d: DocInputs) -> list[tuple[str, dict]]:
     """(round, {variant: record}) per measurement call; each call's ratios are to the plain run beside it."""
     rounds = [("1", d.variants["variants"])]
-    if d.variants2 is not None:
-        rounds += [("2", call["variants"]) for call in d.variants2["calls"].values()]
+    for rnd, doc in (("2", d.variants2), ("3", d.variants3)):
+        if doc is not None:
+            rounds += [(rnd, call["variants"]) for call in doc["calls"].values()]
     return rounds
 
 
@@ -218,8 +225,8 @@ def _variants(d: DocInputs) -> list[str]:
             f"the same call (plain: {plain}).", "", *rows, "", *_variants_notes(d),
             f"Quality: `{q['variant_sets']}` trained side by side with plain to {tokens / 1e6:.1f}M tokens (same "
             f"seed and data order) ends {q['final_val_diff']:+.4f} off in val loss; the chunked loss computes the "
-            "same loss exactly.", "",
-            f"**Verdict: {(d.variants2 or d.variants)['verdict']}.**", "", *_next_steps(d), ""]
+            "same loss exactly.", "", *docs_speed.quality_sentence(d.variants3),
+            f"**Verdict: {_latest(d)['verdict']}.**", "", *_next_steps(d), *docs_speed.profile_section(d.variants3)]
 
 
 def _variants_notes(d: DocInputs) -> list[str]:
@@ -228,7 +235,8 @@ def _variants_notes(d: DocInputs) -> list[str]:
     calls = d.variants2["calls"].values()
     skipped = [f"`{k}`: not measured, still compiling when cut off ({v['autotune_benchmark_s']:.0f} s of kernel "
                "benchmarking by then)" for c in calls for k, v in c.get("not_finished", {}).items()]
-    refused = [f"`{k}`: refused by config validation ({v.split(': ', 1)[-1].split(',')[0]})"
+    since = "; combined since the third round, whose chunked head runs FP8 itself" if d.variants3 else ""
+    refused = [f"`{k}`: refused by config validation ({v.split(': ', 1)[-1].split(',')[0]}{since})"
                for c in calls for k, v in c.get("rejected", {}).items()]
     return [*(f"- {x}" for x in skipped + refused), ""]
 
@@ -249,9 +257,13 @@ def _next_steps(d: DocInputs) -> list[str]:
             f"step and the per-step overhead {_pct(overhead_s / per_token_s)}, so {_k(goal)} tokens/s needs the "
             f"executed-FLOP efficiency u to rise from {t.mfu_matmul:.2f} to {needed(loss_s + overhead_s):.2f}, or "
             f"to {needed(overhead_s):.2f} with the loss term gone. The chunked loss gave about the size of that "
-            "term. Left to try: FP8 forward GEMMs with fast accumulation (`train.fp8_fast_accum`, built, not yet "
-            "measured), a fused linear + cross-entropy kernel (llm.c's fused classifier), row-wise FP8 scales "
-            "(torchao float8), an autotuned compile given the minutes it needs."]
+            "term. " + ("Left to try: FP8 forward GEMMs with fast accumulation (`train.fp8_fast_accum`, built, not "
+                        "yet measured), a fused linear + cross-entropy kernel (llm.c's fused classifier), row-wise "
+                        "FP8 scales (torchao float8), an autotuned compile given the minutes it needs."
+                        if d.variants3 is None else
+                        "The third round measured fast FP8 accumulation (no gain), the chunked head's matmuls in "
+                        "FP8 and a Triton kernel for the loss chunks (`train.loss_kernel`); the profiles below say "
+                        "where the rest of the step goes."), ""]
 
 
 def _scaling(d: DocInputs) -> list[str]:

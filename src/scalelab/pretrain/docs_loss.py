@@ -71,6 +71,20 @@ def _misses(form: dict) -> str:
     return f"up to {100 * held['largest D']:+.1f}% and {100 * held['largest N']:+.1f}%"
 
 
+def _check_sentence(checks: list[dict], top: dict) -> str:
+    """The out-of-fit runs against the law's predictions and the largest ladder run at the same budget."""
+    if not checks:
+        return ("One unrun job checks 350M (`SIZES_ENV=\"24 16 1024\" STEPS_ENV=2048 bash "
+                "bench/gpu_scaling_ladder.sh`). ")
+    return " ".join(
+        f"The check, a {c['size']} run outside the fit at that budget, measured **{c['measured']:.3f}**: "
+        f"{'inside' if c['inside_interval'] else 'outside'} the interval, the centre {100 * c['rel_error']:+.1f}% "
+        f"high (Kaplan's form {100 * c['joint_rel_error']:+.1f}%), yet "
+        f"{'above' if c['measured'] > top['measured'] else 'below'} the {_size(top['n_params'])} run's "
+        f"{top['measured']:.3f}. Its final train loss is {c['final_train_loss']:.2f}: past one epoch of this "
+        "corpus the larger model memorizes, which a law in N and D alone cannot see. " for c in checks)
+
+
 def ladder_section(ladder: dict | None, check: dict | None, figure: FigureLine) -> list[str]:
     if not ladder or not check:
         return []
@@ -106,9 +120,9 @@ def ladder_section(ladder: dict | None, check: dict | None, figure: FigureLine) 
                         for p in preds)
             + f". Both centres lie above the {_size(at_top[-1]['n_params'])} run's "
             f"{at_top[-1]['measured']:.2f}, which a bigger model should beat: trust the interval, not the centre. "
-            "One unrun job checks 350M (`SIZES_ENV=\"24 16 1024\" STEPS_ENV=2048 bash "
-            "bench/gpu_scaling_ladder.sh`). `predict` uses this law only for runs on the same data manifest; "
-            "FineWeb keeps the Chinchilla prior.", "",
+            + _check_sentence(check.get("checks", []), at_top[-1])
+            + "`predict` uses this law only for runs on the same data manifest; FineWeb keeps the Chinchilla prior.",
+            "",
             *figure("ladder", "final val loss against tokens per model size, with the fitted law"), ""]
 
 
