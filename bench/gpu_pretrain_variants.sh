@@ -36,6 +36,7 @@ declare -A VARIANTS=(
   [cudnn-fp8-all-chunks8-b256-fast]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256"
   [cudnn-fp8-blocks-chunks8-b128-tk]="--set train.attention=\"cudnn\" --set train.fp8=\"blocks\" --set train.loss_chunks=8 --set train.micro_batch_size=128 --set train.loss_kernel=\"triton\""
   [cudnn-fp8-all-chunks8-b128-tk]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.loss_chunks=8 --set train.micro_batch_size=128 --set train.loss_kernel=\"triton\""
+  [cudnn-fp8-head-chunks8-b128-tk]="--set train.attention=\"cudnn\" --set train.fp8=\"lm_head\" --set train.loss_chunks=8 --set train.micro_batch_size=128 --set train.loss_kernel=\"triton\""
   [cudnn-chunks8-b128-tk]="--set train.attention=\"cudnn\" --set train.loss_chunks=8 --set train.micro_batch_size=128 --set train.loss_kernel=\"triton\""
   [cudnn-fp8-all-graphs]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.compile_mode=\"max-autotune\""
 )
