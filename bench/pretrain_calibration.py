@@ -76,7 +76,7 @@ ROWS = (
     *(RowSpec(f"recipe-plain-round2-{c}", f"same, plain run beside the second variants round ({c})", "held-out",
               VARIANTS2, ("calls", c, "variants", "plain")) for c in ("call1", "call3", "call6")),
     *(RowSpec(f"recipe-plain-round3-{c}", f"same, plain run beside the third variants round ({c})", "held-out",
-              VARIANTS3, ("calls", c, "variants", "plain")) for c in ("call1", "call2")),
+              VARIANTS3, ("calls", c, "variants", "plain")) for c in ("call1", "call2", "call3")),
     RowSpec("recipe-ttt-baseline", "same, time-to-target baseline (no memory)", "held-out", TTT,
             ("runs", "baseline")),
     RowSpec("ddp-2gpu", "124M recipe, 2 GPUs DDP (accum 4)", "held-out", S1, ("runs", "ddp"),

@@ -199,6 +199,25 @@ def test_committed_calibration_is_what_the_bench_computes():
     assert set(committed["fitted_on"]).isdisjoint(committed["held_out"])
 
 
+def test_ladder_check_scores_the_run_outside_the_fit():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import pretrain_calibration as bench
+    finally:
+        sys.path.pop(0)
+    run = read_json(REPO / bench.LADDER_CHECK)
+    scored = {"predictions": [{"size": "350M", "n_params": 3.5e8, "tokens": 3.3e7, "loss": 4.2, "interval": [4.0, 4.4]}],
+              "joint": {"predictions": [{"size": "350M", "n_params": 3.5e8, "tokens": 3.3e7, "loss": 3.9}]}}
+    run = {**run, "point": {**run["point"], "n_params": 3.5e8, "tokens": 3.3e7, "final_val_loss": 4.0}}
+    (c,) = bench.ladder_checks(run, scored, run["point"]["data_manifest_sha256"])
+    assert c["rel_error"] == pytest.approx(0.05) and c["joint_rel_error"] == pytest.approx(-0.025)
+    assert c["inside_interval"] and c["final_train_loss"] == run["final_train_loss"]
+    outside = {**run, "point": {**run["point"], "final_val_loss": 4.5}}
+    assert not bench.ladder_checks(outside, scored, run["point"]["data_manifest_sha256"])[0]["inside_interval"]
+    with pytest.raises(ValueError, match="its run is on data"):
+        bench.ladder_checks(run, scored, "0" * 64)
+
+
 def test_config_comments_state_the_committed_time_and_cost():
     text = (REPO / "configs/pretrain/gpt2-124m-fineweb-edu.toml").read_text()
     t = next(x for x in read_json(REPO / "results/h200/pretrain_predictor_calibration.json")["time_to_target"]
@@ -222,6 +241,12 @@ def test_docs_are_generated_from_the_results(tmp_path):
     assert (tmp_path / "figures" / "pretrain_recipe_lr.png").read_bytes()[:4] == b"\x89PNG"
     v = read_json(REPO / "results/h200/pretrain_time_to_target.json")["verdict"]   # time to target, read right
     assert f"ratio {v['ratio']:.3f}**" in text and f"**{v['target_val_loss']:.3f}**" in text
+    v3 = read_json(REPO / "results/h200/pretrain_variants_round3.json")             # third round and profiles
+    assert f"**Verdict: {v3['verdict']}.**" in text and "578,128 tokens/s" in v3["verdict"]
+    assert "| cudnn-fp8-all-chunks8-b128-tk | 3 | 578k | 1.193 | 33.7 |" in text
+    assert "| loss kernel | 0 | 50 |" in text and "ends -0.0070 off in val loss (within 0.02: yes)" in text
+    check = c["loss_ladder"]["checks"][0]                                              # the 350M ladder check
+    assert f"measured **{check['measured']:.3f}**: inside the interval" in text and check["inside_interval"]
     held = {h["split"]: h["max_abs_error"] for h in c["loss_ladder"]["held_out"]}   # the ladder, scored
     assert f"misses those runs by up to {100 * held['largest D']:+.1f}%" in text
     for name in ("pretrain_ttt.png", "pretrain_ladder.png"):

@@ -118,7 +118,18 @@ def test_compiled_chunked_equals_eager():
         assert rel(p.grad, grads_eager[name]) < 1e-5, name
 
 
+def test_static_quantize_uses_the_given_bound():
+    from scalelab.pretrain.fp8 import E5M2, quantize
+    g = torch.tensor([[0.5, -0.25, 1e-3], [0.0, -0.5, 0.125]]) / 8  # |g| <= 1/16
+    g8, inv = quantize(g, E5M2, amax=1 / 16)
+    assert inv.item() == pytest.approx((1 / 16) / 57344.0)  # 1/16 maps to e5m2's largest finite value
+    assert torch.allclose(g8.float() * inv, g, rtol=0.13, atol=0)  # e5m2: 2 mantissa bits
+    d8, dinv = quantize(g, E5M2)                                   # dynamic: the measured amax (0.5/8)
+    assert dinv.item() == pytest.approx((0.5 / 8) / 57344.0)
+
+
 @pytest.mark.parametrize("overrides, message", [
+    (['train.loss_kernel="triton"'], "train.loss_kernel.*set train.loss_chunks > 0"),
     (['train.loss_chunks=65'], "train.loss_chunks.*micro_batch_size\\*block_size = 64"),  # B=4 x T=16
     (['train.loss_chunks=-1'], "train.loss_chunks.*must be >= 0"),
 ])
