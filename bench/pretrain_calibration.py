@@ -351,8 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ladder law: {p['size']} at {p['tokens']:,.0f} tokens -> {p['loss']:.3f} "
               f"({p['interval'][0]:.3f}-{p['interval'][1]:.3f})")
     for c in lad["checks"]:
-        print(f"check: {c['size']} measured {c['measured']:.3f}, additive {c['predicted']:.3f} ({c['rel_error']:+.1%}, "
-              f"inside interval: {c['inside_interval']}), joint {c['joint_predicted']:.3f} ({c['joint_rel_error']:+.1%})")
+        print(f"check: {c['size']} measured {c['measured']:.3f}, additive {c['predicted']:.3f} "
+              f"({c['rel_error']:+.1%}, inside interval: {c['inside_interval']}), "
+              f"joint {c['joint_predicted']:.3f} ({c['joint_rel_error']:+.1%})")
     print(f"wrote {OUT}")
     return 0
 

@@ -206,7 +206,8 @@ def test_ladder_check_scores_the_run_outside_the_fit():
     finally:
         sys.path.pop(0)
     run = read_json(REPO / bench.LADDER_CHECK)
-    scored = {"predictions": [{"size": "350M", "n_params": 3.5e8, "tokens": 3.3e7, "loss": 4.2, "interval": [4.0, 4.4]}],
+    scored = {"predictions": [{"size": "350M", "n_params": 3.5e8, "tokens": 3.3e7, "loss": 4.2,
+                               "interval": [4.0, 4.4]}],
               "joint": {"predictions": [{"size": "350M", "n_params": 3.5e8, "tokens": 3.3e7, "loss": 3.9}]}}
     run = {**run, "point": {**run["point"], "n_params": 3.5e8, "tokens": 3.3e7, "final_val_loss": 4.0}}
     (c,) = bench.ladder_checks(run, scored, run["point"]["data_manifest_sha256"])

@@ -58,7 +58,8 @@ def profile_section(v3: dict | None) -> list[str]:
             "rival the GEMMs: mostly the FP8 scaling before each GEMM (an amax, a cast, a transposed copy for the "
             "weight gradient). At d = 768 these passes cost about what FP8 saves: with FP8 in the head alone "
             f"(bf16 blocks) the step ran at {_k(head['tokens_per_s'])} tokens/s, {head['speedup_vs_plain']:.3f}x "
-            f"its plain, against {v3['best']['speedup_vs_plain']:.3f}x with FP8 everywhere. 650k tokens/s needs a {goal_ms:.0f} ms step ({650e3 / plain:.2f}x plain). Left: "
+            f"its plain, against {v3['best']['speedup_vs_plain']:.3f}x with FP8 everywhere. 650k tokens/s needs a "
+            f"{goal_ms:.0f} ms step ({650e3 / plain:.2f}x plain). Left: "
             "LayerNorm and GELU fused with the FP8 cast and its transpose, delayed scaling (Transformer Engine's "
             "previous-step amax) to drop the amax passes, faster attention at head size 64.", ""]
 
