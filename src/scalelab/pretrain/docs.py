@@ -363,8 +363,9 @@ def _not_measured(d: DocInputs) -> list[str]:
     ladder = ("the scaling-law ladder: `bench/gpu_scaling_ladder.sh` writes `results/h200/scaling_ladder.json`, "
               "and `predict` then fits L(N, D) on it for runs on the same data; until then every loss above is the "
               "Chinchilla prior" if d.ladder is None or not d.ladder.get("law") else
-              "a 350M run on the ladder's data to check the ladder law's 350M prediction, and a ladder on FineWeb-Edu "
-              "itself: the FineWeb loss predictions stay on the Chinchilla prior")
+              ("" if d.calibration.get("loss_ladder", {}).get("checks") else "a 350M run on the ladder's data to "
+               "check the ladder law's 350M prediction, and ") + "a ladder on FineWeb-Edu itself: the FineWeb loss "
+              "predictions stay on the Chinchilla prior")
     ttt = ("time-to-target on any corpus: no run has trained to a loss bar, on FineWeb-Edu or a proxy"
            if (d.ttt or {}).get("verdict", {}).get("status") != "done" else
            "time to 3.28 on FineWeb-Edu itself (the proxy above is ShareGPT), and an ablation of the recipe's parts "
