@@ -120,8 +120,8 @@ class GPT(nn.Module):
         if targets is not None and self.loss_chunks:  # loss only: the (B*T, V) logits are never built
             fp8 = isinstance(self.lm_head, FP8Linear)  # train.fp8 'lm_head'/'all': the chunks' matmuls in FP8
             return None, chunked_cross_entropy(self.transformer.ln_f(x), self.lm_head.weight, targets,
-                                               self.loss_chunks, self.cfg.vocab_size, fp8, self.lm_head.fast_accum
-                                               if fp8 else False, self.loss_kernel)
+                                               self.loss_chunks, self.cfg.vocab_size, fp8,
+                                               getattr(self.lm_head, "fast_accum", False), self.loss_kernel)
         logits = self.lm_head(self.transformer.ln_f(x))[..., : self.cfg.vocab_size]
         if targets is None:
             return logits, None
