@@ -48,7 +48,8 @@ def test_vllm_serves_the_export_with_our_greedy_tokens(tmp_path, vllm_python):
     port = _free_port()
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(out), "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--max-model-len", "64", "--gpu-memory-utilization", "0.1"]
+           "--port", str(port), "--dtype", "float32", "--max-model-len", "64", "--gpu-memory-utilization", "0.1",
+           "--enforce-eager"]  # no torch.compile warm-up (~25 s on 2 cores) for 8 tokens
     with open(tmp_path / "vllm.log", "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:

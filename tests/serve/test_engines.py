@@ -145,7 +145,7 @@ def test_real_vllm_serves_the_client_and_is_torn_down(tmp_path, vllm_python):
     model = str(export_run(tmp_path / "run", tmp_path / "hf").out_dir)
     port = _free_port()
     spec = EngineSpec("vllm", model, port=port, dtype="float32", max_model_len=64, python=vllm_python,
-                      extra_flags={"gpu-memory-utilization": 0.1},
+                      extra_flags={"gpu-memory-utilization": 0.1, "enforce-eager": True},  # no compile warm-up
                       env={"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"})
     cfg = ClientConfig(base_url=f"http://127.0.0.1:{port}", model=model, timeout_s=120)
     requests = [Request(i, "Hello world, this is a test.", 8, 8) for i in range(4)]

@@ -185,7 +185,7 @@ def test_real_vllm_serves_dummy_weights_over_the_padded_vocab(tmp_path, vllm_pyt
     model = str(make_model_dir(small, tmp_path / "m", max_position_embeddings=256))
     port = _free_port()
     spec = EngineSpec("vllm", model, port=port, dtype="float32", load_format_dummy=True, python=vllm_python,
-                      extra_flags={"gpu-memory-utilization": 0.1},
+                      extra_flags={"gpu-memory-utilization": 0.1, "enforce-eager": True},  # no compile warm-up
                       env={"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"})
     cfg = ClientConfig(base_url=f"http://127.0.0.1:{port}", model=model, timeout_s=120)
     requests = [Request(i, PROMPT, len(PROMPT_IDS), 32) for i in range(2)]

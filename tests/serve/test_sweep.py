@@ -328,8 +328,10 @@ def test_request_counts_and_disjoint_repeat_slices():
 @pytest.mark.slow
 def test_tiny_cpu_sweep_on_real_vllm(tmp_path, vllm_python, monkeypatch):
     monkeypatch.setenv("SCALELAB_VLLM_PYTHON", vllm_python)
+    # plus enforce-eager: the server skips its torch.compile warm-up, which a test of the sweep's path need not pay
+    flags = "engine.extra_flags={max-num-seqs=8, no-enable-prefix-caching=true, enforce-eager=true}"
     cfg = load_serve_config(REPO / "configs" / "serve" / "tiny-cpu.toml",
-                            [f"run.out_dir={tmp_path}", "sweep.min_requests=3", "sweep.waves=2"])
+                            [f"run.out_dir={tmp_path}", "sweep.min_requests=3", "sweep.waves=2", flags])
     run = run_sweep(cfg, echo=lambda _: None)
     rows = rows_by_key(run)
     assert list(rows) == [RowKey("vllm", 1, 1), RowKey("vllm", 1, 4)]
@@ -338,7 +340,8 @@ def test_tiny_cpu_sweep_on_real_vllm(tmp_path, vllm_python, monkeypatch):
         assert row.note == ""  # every request succeeded
         assert row.figures.throughput_tok_s > 0 and 0 < row.figures.itl_p50_ms < row.figures.itl_p99_ms
         assert row.provenance["dtype"] == "float32"
-        assert row.provenance["tuning_flags"] == {"max-num-seqs": 8, "no-enable-prefix-caching": True}
+        assert row.provenance["tuning_flags"] == {"max-num-seqs": 8, "no-enable-prefix-caching": True,
+                                                  "enforce-eager": True}
         assert row.provenance["engine_version"].startswith("vllm")
     # four requests in flight share each decode step: more tokens/s than one at a time
     assert rows[RowKey("vllm", 1, 4)].figures.throughput_tok_s > rows[RowKey("vllm", 1, 1)].figures.throughput_tok_s
