@@ -16,6 +16,7 @@ from scalelab.core.jsonio import read_json
 from scalelab.pretrain import calibrate as cal
 from scalelab.pretrain import docs_loss, docs_speed
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
+from scalelab.pretrain.docs_speed import thousands as _k
 
 CALIBRATION = "results/h200/pretrain_predictor_calibration.json"
 S1 = "results/h200/pretrain_124m_1gpu_ddp_fsdp2.json"
@@ -55,10 +56,6 @@ def load_inputs(repo: Path) -> DocInputs:
 
 # ---------------------------------------------------------------------------------------------
 # formatting
-
-
-def _k(x: float) -> str:
-    return f"{x / 1e3:,.0f}k" if x < 1e6 else f"{x / 1e6:,.2f}M"
 
 
 def _pct(x: float, digits: int = 1) -> str:

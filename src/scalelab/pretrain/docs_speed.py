@@ -23,8 +23,9 @@ def load(repo: Path) -> dict | None:
     return doc
 
 
-def _k(x: float) -> str:
-    return f"{x / 1e3:,.0f}k"
+def thousands(x: float) -> str:
+    """A count as docs/pretrain.md writes it: 578k, 1.23M."""
+    return f"{x / 1e3:,.0f}k" if x < 1e6 else f"{x / 1e6:,.2f}M"
 
 
 def _profiles(v3: dict) -> list[dict]:
@@ -57,7 +58,7 @@ def profile_section(v3: dict | None) -> list[str]:
             f"the elementwise kernels ({last['triton']:.0f} of {profiles[-1]['summary']['wall_ms_per_step']:.0f} ms) "
             "rival the GEMMs: mostly the FP8 scaling before each GEMM (an amax, a cast, a transposed copy for the "
             "weight gradient). At d = 768 these passes cost about what FP8 saves: with FP8 in the head alone "
-            f"(bf16 blocks) the step ran at {_k(head['tokens_per_s'])} tokens/s, {head['speedup_vs_plain']:.3f}x "
+            f"(bf16 blocks) the step ran at {thousands(head['tokens_per_s'])} tokens/s, {head['speedup_vs_plain']:.3f}x "
             f"its plain, against {v3['best']['speedup_vs_plain']:.3f}x with FP8 everywhere. 650k tokens/s needs a "
             f"{goal_ms:.0f} ms step ({650e3 / plain:.2f}x plain). Left: "
             "LayerNorm and GELU fused with the FP8 cast and its transpose, delayed scaling (Transformer Engine's "
@@ -69,7 +70,7 @@ def quality_sentence(v3: dict | None) -> list[str]:
         return []
     q, best = v3["quality"], v3["best"]
     tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
-    return [f"The third round's fastest, `{best['variant']}` ({best['tokens_per_s'] / 1e3:,.0f}k tokens/s, "
+    return [f"The third round's fastest, `{best['variant']}` ({thousands(best['tokens_per_s'])} tokens/s, "
             f"{best['speedup_vs_plain']:.3f}x), trained beside plain to {tokens / 1e6:.1f}M tokens ends "
             f"{q['final_val_diff']:+.4f} off in val loss (within 0.02: "
             f"{'yes' if q['within_0.02'] else 'no'}), at {q['peak_memory_gib']['variant']:.0f} GiB against "
