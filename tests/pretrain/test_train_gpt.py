@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from scalelab.core.config import dump_toml
+from scalelab.core.config import ConfigError, dump_toml
 from scalelab.core.jsonio import iter_jsonl
 from scalelab.pretrain import train_gpt
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
@@ -248,10 +248,73 @@ def test_fp8_training_tracks_float_and_can_overfit(data_dir, tmp_path):
     base = train_gpt.train(make_cfg(data_dir, tmp_path / "fp32", *extra))
     fp8 = train_gpt.train(make_cfg(data_dir, tmp_path / "fp8", *extra, 'train.fp8="all"'))
     assert abs(fp8["final_val_loss"] - base["final_val_loss"]) < 0.02
+    rows = train_gpt.train(make_cfg(data_dir, tmp_path / "rows", *extra, 'train.fp8="all"', 'train.fp8_scaling="row"'))
+    assert abs(rows["final_val_loss"] - base["final_val_loss"]) < 0.02 and rows["final_val_loss"] != fp8["final_val_loss"]
     over = make_cfg(data_dir, tmp_path / "overfit8", "train.overfit_batch=true", "train.max_steps=80",
                     "schedule.kind=constant", "optim.weight_decay=0.0", 'train.fp8="all"')
     summary = train_gpt.train(over)
     assert summary["final_train_loss"] < 0.1 * losses(over.run_dir)[1]  # gradients through FP8 still fit a batch
+
+
+def _fp8_pair(rowwise: bool) -> tuple[torch.nn.Linear, torch.nn.Linear]:
+    torch.manual_seed(0)
+    ref, fp8 = torch.nn.Linear(64, 48), torch.nn.Linear(64, 48)
+    fp8.load_state_dict(ref.state_dict())
+    fp8.__class__ = FP8Linear
+    fp8.rowwise = rowwise
+    return ref, fp8
+
+
+def test_rowwise_fp8_linear_matches_float_and_keeps_the_weight_gradient_in_bf16():
+    ref, fp8 = _fp8_pair(rowwise=True)
+    x = torch.randn(32, 64, requires_grad=True)
+    x8 = x.detach().clone().requires_grad_()
+    y_ref, y8 = ref(x), fp8(x8)
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
+    assert y8.dtype == torch.bfloat16 and rel(y8.float(), y_ref) < 0.05
+    g = torch.randn_like(y_ref)
+    (y_ref * g).sum().backward()
+    (y8.float() * g).sum().backward()
+    assert x8.grad.dtype == torch.float32 and rel(x8.grad, x.grad) < 0.1  # e5m2 gradient: 2 mantissa bits
+    # the weight gradient is a bf16 GEMM (8 mantissa bits): an order of magnitude closer than any FP8 operand allows
+    assert fp8.weight.grad.dtype == torch.float32 and rel(fp8.weight.grad, ref.weight.grad) < 0.01
+    assert rel(fp8.bias.grad, ref.bias.grad) < 1e-2
+
+
+def test_row_scales_keep_a_small_row_that_one_tensor_scale_flushes_to_zero():
+    x = torch.randn(2, 64)
+    x[0] *= 1e4   # an outlier token sets the whole tensor's scale ...
+    x[1] *= 1e-3  # ... and this token, scaled by 448/amax, falls under e4m3's smallest subnormal (2^-9)
+    errors = {}
+    for rowwise in (False, True):
+        ref, fp8 = _fp8_pair(rowwise)
+        with torch.no_grad():
+            ref.bias.zero_(), fp8.bias.zero_()  # a bias would swamp row 1's tiny outputs in bf16
+            y_ref, y8 = ref(x), fp8(x).float()
+        errors[rowwise] = ((y8[1] - y_ref[1]).norm() / y_ref[1].norm()).item()
+    assert errors[False] > 0.9 and errors[True] < 0.1  # tensor scale: row 1 became 0; row scale: e4m3 error only
+
+
+def test_rowwise_fp8_calls_two_scaled_gemms_with_row_and_column_scales(monkeypatch):
+    from scalelab.pretrain.fp8 import use_fp8
+    calls, real = [], torch._scaled_mm
+
+    def spy(a, b, **kwargs):
+        calls.append((tuple(kwargs["scale_a"].shape), tuple(kwargs["scale_b"].shape), kwargs["use_fast_accum"]))
+        return real(a, b, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16))
+    use_fp8(model, "all", fast_accum=True, rowwise=True)
+    model(torch.randn(8, 32)).sum().backward()
+    # forward: per token x per output feature; input gradient: per token x per input feature; no FP8 weight gradient
+    assert calls == [((8, 1), (1, 16), True), ((8, 1), (1, 32), False)]
+
+
+@pytest.mark.parametrize("sets", [['train.fp8="none"'], ['train.fp8="lm_head"', "train.loss_chunks=4"]])
+def test_row_scaling_without_an_fp8_linear_is_refused(sets):
+    with pytest.raises(ConfigError, match="train.fp8_scaling"):
+        load_pretrain_config(None, [*TINY, *sets, 'train.fp8_scaling="row"'])
 
 
 @pytest.mark.parametrize("which, fp8_names", [

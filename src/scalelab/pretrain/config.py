@@ -104,6 +104,10 @@ class TrainConfig:
                 "Linear but the head, or every Linear; under train.loss_chunks the chunked head follows it")
     fp8_fast_accum: bool = param(False, "train.fp8: the forward GEMMs use Hopper's fast FP8 accumulation "
                                         "(torch._scaled_mm use_fast_accum; gradients stay precise, as torchao)")
+    fp8_scaling: Literal["tensor", "row"] = param(
+        "tensor", "train.fp8 scales: one per tensor, all three GEMMs in FP8; or one per row (token, feature) with "
+                  "the weight-gradient GEMM in bf16 (torchao's rowwise_with_gw_hp), whose amaxes fuse into the "
+                  "kernels that produce each row. The chunked head keeps per-tensor scales")
     attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = param(
         "auto", "SDPA kernel to use on CUDA; auto = PyTorch's choice")
     overfit_batch: bool = param(False, "sanity mode: train on the first batch only; loss must go to ~0")
@@ -126,6 +130,10 @@ class TrainConfig:
         if self.loss_kernel == "triton" and not self.loss_chunks:
             raise ConfigError("config field 'train.loss_kernel': 'triton' computes the chunks of the chunked loss; "
                               "set train.loss_chunks > 0 (8 at B=64, T=1024) or train.loss_kernel='torch'")
+        if self.fp8_scaling == "row" and (self.fp8 == "none" or (self.fp8 == "lm_head" and self.loss_chunks)):
+            raise ConfigError("config field 'train.fp8_scaling': 'row' applies to FP8Linear layers, and with "
+                              f"train.fp8={self.fp8!r}" + (" and the chunked head" if self.loss_chunks else "")
+                              + " there are none; set train.fp8='blocks' or 'all', or train.fp8_scaling='tensor'")
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""FP8 matmuls for the trainer's nn.Linear layers (train.fp8): e4m3 operands forward, e5m2 gradients backward,
-per-tensor dynamic scales. The class swap keeps parameter names, so checkpoints and export are unchanged.
+"""FP8 matmuls for the trainer's nn.Linear layers (train.fp8): e4m3 operands forward, e5m2 gradients backward.
+Two scalings (train.fp8_scaling): one dynamic scale per tensor, all three GEMMs in FP8; or one scale per row, with
+the weight-gradient GEMM in bf16. The class swap keeps parameter names, so checkpoints and export are unchanged.
 quantize / mm8 are also what the chunked LM head (chunked_ce.py) uses for its FP8 head."""
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ def quantize(t: torch.Tensor, dtype: torch.dtype, amax: float | None = None) -> 
         scale = torch.finfo(dtype).max / t.abs().amax().float().clamp(min=1e-12)
     else:
         scale = torch.full((), torch.finfo(dtype).max / amax, dtype=torch.float32, device=t.device)
+    return (t.float() * scale).to(dtype), scale.reciprocal()
+
+
+def quantize_rows(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per row of a 2-D t: returns (t8, 1/scale) with the scales shaped (rows, 1). A row's amax is a
+    reduction along the row, so torch.compile fuses it into the kernel that produces the row (LayerNorm, GELU, a
+    gradient's elementwise tail): no extra pass over t, unlike one amax over the whole tensor before the cast."""
+    scale = torch.finfo(dtype).max / t.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
     return (t.float() * scale).to(dtype), scale.reciprocal()
 
 
@@ -48,24 +57,50 @@ class _FP8Matmul(torch.autograd.Function):
         return gx.to(ctx.dtypes[0]), gw.to(ctx.dtypes[1]), None
 
 
+class _FP8RowMatmul(torch.autograd.Function):
+    """y = x @ w.T with row-wise scales (torchao's "rowwise with high-precision weight gradient" recipe): x per
+    token, w per output feature forward; g per token and w per input feature for the input gradient. The weight
+    gradient g.T @ x contracts over tokens, where per-token scales cannot be factored out of the sum, so it stays a
+    bf16 GEMM; that also spares the two transposed FP8 copies a per-tensor weight gradient needs (cuBLAS's FP8
+    GEMM takes only row-major A and column-major B). Two of the three GEMMs run in FP8."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, fast_accum: bool) -> torch.Tensor:  # x (M, K), w (N, K)
+        (x8, sx), (w8, sw) = quantize_rows(x, E4M3), quantize_rows(w, E4M3)
+        ctx.save_for_backward(x.to(torch.bfloat16), w)  # y and so g are bf16: the weight gradient's precision
+        ctx.x_dtype = x.dtype
+        return mm8(x8, sx, w8.t(), sw.t(), torch.bfloat16, fast_accum)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # g (M, N)
+        x, w = ctx.saved_tensors
+        (g8, sg), (wt8, swt) = quantize_rows(g, E5M2), quantize_rows(w.t(), E4M3)  # wt8 (K, N): per input feature
+        gx = mm8(g8, sg, wt8.t(), swt.t(), torch.bfloat16)
+        gw = g.to(torch.bfloat16).t() @ x
+        return gx.to(ctx.x_dtype), gw.to(w.dtype), None
+
+
 class FP8Linear(nn.Linear):
     """nn.Linear with its matmul in FP8; same parameters and names, so checkpoints and export are unchanged.
     fast_accum: the forward GEMM accumulates with Hopper's fast FP8 path (use_fast_accum), which skips the
     periodic promotion of partial sums to full fp32; the two gradient GEMMs keep precise accumulation, the split
-    torchao's float8 training uses by default."""
+    torchao's float8 training uses by default. rowwise: _FP8RowMatmul's scaling instead of per-tensor scales."""
     fast_accum = False
+    rowwise = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _FP8Matmul.apply(x.reshape(-1, x.size(-1)), self.weight, self.fast_accum).view(*x.shape[:-1], -1)
+        matmul = _FP8RowMatmul if self.rowwise else _FP8Matmul
+        y = matmul.apply(x.reshape(-1, x.size(-1)), self.weight, self.fast_accum).view(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
-def use_fp8(model: nn.Module, which: str, fast_accum: bool = False) -> None:
+def use_fp8(model: nn.Module, which: str, fast_accum: bool = False, rowwise: bool = False) -> None:
     """Swap the chosen Linears' class in place: 'lm_head' (the largest matmul, as modded-nanogpt), 'blocks'
     (every Linear but the head) or 'all'. Under train.loss_chunks the chunked loss computes the head and reads
-    the swap: an FP8Linear head makes its three matmuls FP8 too."""
+    the swap: an FP8Linear head makes its three matmuls FP8 too, with per-tensor scales whatever `rowwise` says
+    (its logit gradient has a static scale, chunked_ce.py)."""
     for name, module in model.named_modules():
         head = name == "lm_head"
         if type(module) is nn.Linear and (which == "all" or (which == "blocks") != head):
             module.__class__ = FP8Linear
-            module.fast_accum = fast_accum
+            module.fast_accum, module.rowwise = fast_accum, rowwise

@@ -358,7 +358,7 @@ def build(cfg: PretrainConfig, world: int, device: torch.device):
     kernel choice, compile and data-parallel wrapping. Seed first: the init draws from the global generator."""
     model = GPT(cfg.model, cfg.train.loss_chunks, cfg.train.loss_kernel == "triton").to(device)
     if cfg.train.fp8 != "none":
-        use_fp8(model, cfg.train.fp8, cfg.train.fp8_fast_accum)
+        use_fp8(model, cfg.train.fp8, cfg.train.fp8_fast_accum, cfg.train.fp8_scaling == "row")
     if device.type == "cuda" and cfg.train.attention != "auto":  # keep only the chosen SDPA kernel
         for kind in ("cudnn", "flash", "mem_efficient", "math"):
             getattr(torch.backends.cuda, f"enable_{kind}_sdp")(kind.endswith(cfg.train.attention))
