@@ -29,12 +29,14 @@ def quantize_rows(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
 
 
 def mm8(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor, out_dtype: torch.dtype,
-        fast_accum: bool = False) -> torch.Tensor:
-    """a @ b of two quantized operands, (M, K) @ (K, N), dequantized into out_dtype. _scaled_mm wants `a`
-    row-major and `b` column-major; either is copied into that layout only when it is not already in it."""
+        fast_accum: bool = False, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b (+ bias, in the GEMM's epilogue) of two quantized operands, (M, K) @ (K, N), dequantized into
+    out_dtype. _scaled_mm wants `a` row-major and `b` column-major; either is copied into that layout only when
+    it is not already in it."""
     a8 = a8 if a8.is_contiguous() else a8.contiguous()
     b8 = b8 if b8.t().is_contiguous() else b8.t().contiguous().t()
-    return torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=fast_accum)
+    return torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype,
+                            use_fast_accum=fast_accum)
 
 
 class _FP8Matmul(torch.autograd.Function):
@@ -58,26 +60,31 @@ class _FP8Matmul(torch.autograd.Function):
 
 
 class _FP8RowMatmul(torch.autograd.Function):
-    """y = x @ w.T with row-wise scales (torchao's "rowwise with high-precision weight gradient" recipe): x per
+    """y = x @ w.T + b with row-wise scales (torchao's "rowwise with high-precision weight gradient" recipe): x per
     token, w per output feature forward; g per token and w per input feature for the input gradient. The weight
     gradient g.T @ x contracts over tokens, where per-token scales cannot be factored out of the sum, so it stays a
     bf16 GEMM; that also spares the two transposed FP8 copies a per-tensor weight gradient needs (cuBLAS's FP8
-    GEMM takes only row-major A and column-major B). Two of the three GEMMs run in FP8."""
+    GEMM takes only row-major A and column-major B). Two of the three GEMMs run in FP8.
+    The bias is added in the FP8 GEMM's epilogue, and its gradient (a sum of g over tokens) is a GEMM too: left to
+    torch.compile, that column sum fuses with g's row amax into one kernel that reads g across rows, several
+    times slower than either reduction alone (measured, results/h200/pretrain_profile/)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, fast_accum: bool) -> torch.Tensor:  # x (M, K), w (N, K)
-        (x8, sx), (w8, sw) = quantize_rows(x, E4M3), quantize_rows(w, E4M3)
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, fast_accum: bool) -> torch.Tensor:
+        (x8, sx), (w8, sw) = quantize_rows(x, E4M3), quantize_rows(w, E4M3)  # x (M, K), w (N, K), b (N,)
         ctx.save_for_backward(x.to(torch.bfloat16), w)  # y and so g are bf16: the weight gradient's precision
-        ctx.x_dtype = x.dtype
-        return mm8(x8, sx, w8.t(), sw.t(), torch.bfloat16, fast_accum)
+        ctx.x_dtype, ctx.b_dtype = x.dtype, None if b is None else b.dtype
+        return mm8(x8, sx, w8.t(), sw.t(), torch.bfloat16, fast_accum, None if b is None else b.to(torch.bfloat16))
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):  # g (M, N)
         x, w = ctx.saved_tensors
         (g8, sg), (wt8, swt) = quantize_rows(g, E5M2), quantize_rows(w.t(), E4M3)  # wt8 (K, N): per input feature
         gx = mm8(g8, sg, wt8.t(), swt.t(), torch.bfloat16)
-        gw = g.to(torch.bfloat16).t() @ x
-        return gx.to(ctx.x_dtype), gw.to(w.dtype), None
+        g = g.to(torch.bfloat16)
+        gw = g.t() @ x
+        gb = None if ctx.b_dtype is None else (g.new_ones(1, g.size(0)) @ g).view(-1).to(ctx.b_dtype)
+        return gx.to(ctx.x_dtype), gw.to(w.dtype), gb, None
 
 
 class FP8Linear(nn.Linear):
@@ -89,8 +96,10 @@ class FP8Linear(nn.Linear):
     rowwise = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        matmul = _FP8RowMatmul if self.rowwise else _FP8Matmul
-        y = matmul.apply(x.reshape(-1, x.size(-1)), self.weight, self.fast_accum).view(*x.shape[:-1], -1)
+        x2 = x.reshape(-1, x.size(-1))
+        if self.rowwise:
+            return _FP8RowMatmul.apply(x2, self.weight, self.bias, self.fast_accum).view(*x.shape[:-1], -1)
+        y = _FP8Matmul.apply(x2, self.weight, self.fast_accum).view(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
