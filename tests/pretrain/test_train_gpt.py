@@ -350,3 +350,12 @@ def test_fp8_fast_accumulation_reaches_the_forward_gemm_only(monkeypatch):
     use_fp8(model, "all", fast_accum=True)
     model(torch.randn(8, 32)).sum().backward()
     assert calls == [True, False, False]   # forward fast; grad-input and grad-weight precise
+
+
+def test_compile_multi_kernel_reaches_inductor(monkeypatch):
+    import torch._inductor.config as inductor_config
+    monkeypatch.setattr(inductor_config.triton, "multi_kernel", 0)
+    for flag, want in ((False, 0), (True, 1)):
+        cfg = load_pretrain_config(None, [*TINY, "train.compile=true", f"train.compile_multi_kernel={str(flag).lower()}"])
+        train_gpt.wrap_model(train_gpt.GPT(cfg.model), cfg, 1, torch.device("cpu"), torch.float32)
+        assert inductor_config.triton.multi_kernel == want

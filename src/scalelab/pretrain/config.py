@@ -98,6 +98,10 @@ class TrainConfig:
     compile_mode: Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"] = param(
         "default", "torch.compile mode: autotuned Triton matmul/attention choices, and CUDA graphs against "
                    "per-kernel launch cost (max-autotune, reduce-overhead)")
+    compile_multi_kernel: bool = param(False, "Inductor compiles each reduction both one-pass (persistent) and "
+                                              "looped and keeps the faster, timed at its first call "
+                                              "(triton.multi_kernel): one-pass rows up to 16k wide, e.g. a per-row "
+                                              "FP8 amax over 3,072 GELU outputs")
     parallel: Literal["ddp", "fsdp2"] = param("ddp", "data-parallel wrapper when world size > 1")
     fp8: Literal["none", "lm_head", "blocks", "all"] = param(
         "none", "FP8 matmuls (e4m3 forward, e5m2 gradients, per-tensor scales): the output head only, every "
