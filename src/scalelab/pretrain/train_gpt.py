@@ -293,9 +293,11 @@ def wrap_model(model: nn.Module, cfg: PretrainConfig, world: int, device: torch.
     compile_scope 'blocks' compiles each block and the head apart (torchtitan's layout), which keeps
     FSDP2's all-gather hooks outside the compiled graphs instead of breaking one graph at every block."""
     mode = None if cfg.train.compile_mode == "default" else cfg.train.compile_mode
-    if cfg.train.compile and cfg.train.compile_multi_kernel:
-        import torch._inductor.config as inductor_config
-        inductor_config.triton.multi_kernel = 1
+    if cfg.train.compile and cfg.train.compile_multi_kernel:  # no on-disk graph caches: a cached multi-kernel
+        import torch._functorch.config as functorch_config  # graph fails to reload (torch 2.11, TypeError in
+        import torch._inductor.config as inductor_config    # MultiKernelCall.load_cache)
+        inductor_config.triton.multi_kernel, inductor_config.fx_graph_cache = 1, False
+        functorch_config.enable_autograd_cache = False
     if cfg.train.compile and cfg.train.compile_scope == "blocks":
         for i, block in enumerate(model.transformer.h):
             model.transformer.h[i] = torch.compile(block, mode=mode)  # checkpoint keys stay clean: DCP strips _orig_mod
