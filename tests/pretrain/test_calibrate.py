@@ -242,10 +242,14 @@ def test_docs_are_generated_from_the_results(tmp_path):
     assert (tmp_path / "figures" / "pretrain_recipe_lr.png").read_bytes()[:4] == b"\x89PNG"
     v = read_json(REPO / "results/h200/pretrain_time_to_target.json")["verdict"]   # time to target, read right
     assert f"ratio {v['ratio']:.3f}**" in text and f"**{v['target_val_loss']:.3f}**" in text
-    v3 = read_json(REPO / "results/h200/pretrain_variants_round3.json")             # third round and profiles
-    assert f"**Verdict: {v3['verdict']}.**" in text and "578,128 tokens/s" in v3["verdict"]
-    assert "| cudnn-fp8-all-chunks8-b128-tk | 3 | 578k | 1.193 | 33.7 |" in text
-    assert "| loss kernel | 0 | 50 |" in text and "ends -0.0070 off in val loss (within 0.02: yes)" in text
+    assert "| cudnn-fp8-all-chunks8-b128-tk | 3 | 578k | 1.193 | 33.7 |" in text               # third round
+    assert "ends -0.0070 off in val loss (within 0.02: yes)" in text
+    v4 = read_json(REPO / "results/h200/pretrain_variants_round4.json")          # fourth round, its profiles
+    assert f"**Verdict: {v4['verdict']}.**" in text and "605,395 tokens/s" in v4["verdict"]
+    assert "| cudnn-fp8row-all-chunks8-b128-tk-fast-mk | 4 | 605k | 1.242 | 42.7 |" in text
+    assert "| triton | 221 | 416 | 288 |" in text and "ends -0.0165 off in val loss (within 0.02: yes)" in text
+    assert "one slow kernel (130 ms/step)" in text and "7.59 ms in bf16, 4.79 in per-tensor FP8" in text
+    assert "added 1.3%" in text   # 605,395 / 597,377 in the same call
     check = c["loss_ladder"]["checks"][0]                                              # the 350M ladder check
     assert f"measured **{check['measured']:.3f}**: inside the interval" in text and check["inside_interval"]
     held = {h["split"]: h["max_abs_error"] for h in c["loss_ladder"]["held_out"]}   # the ladder, scored

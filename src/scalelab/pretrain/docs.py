@@ -39,6 +39,7 @@ class DocInputs:
     ttt: dict | None                # bench/gpu_pretrain_ttt.sh's results, when committed
     variants2: dict | None          # the second round of throughput variants, when committed
     variants3: dict | None          # the third round, with its profiles (docs_speed.load)
+    variants4: dict | None          # the fourth round, with its profiles and GEMM table
     recipe: PretrainConfig
     demo: dict | None               # the CPU demo's results.json, when the run folder exists
     figures: tuple[tuple[str, str], ...] = ()   # (name, relative path) written beside the Markdown
@@ -50,6 +51,7 @@ def load_inputs(repo: Path) -> DocInputs:
                      session1=read_json(repo / S1), session2=read_json(repo / S2),
                      variants=read_json(repo / VARIANTS), ladder=optional(LADDER), ttt=optional(docs_loss.TTT),
                      variants2=optional(VARIANTS2), variants3=docs_speed.load(repo),
+                     variants4=docs_speed.load(repo, docs_speed.VARIANTS4),
                      recipe=load_pretrain_config(repo / RECIPE),
                      demo=optional(f"{DEMO}/results.json"))
 
@@ -97,7 +99,7 @@ def _intro(d: DocInputs) -> list[str]:
 
 
 def _latest(d: DocInputs) -> dict:
-    return d.variants3 or d.variants2 or d.variants
+    return d.variants4 or d.variants3 or d.variants2 or d.variants
 
 
 def _speed_verdict(d: DocInputs) -> str:
@@ -199,7 +201,7 @@ def _predictions(d: DocInputs) -> list[str]:
 def _variant_rounds(d: DocInputs) -> list[tuple[str, dict]]:
     """(round, {variant: record}) per measurement call; each call's ratios are to the plain run beside it."""
     rounds = [("1", d.variants["variants"])]
-    for rnd, doc in (("2", d.variants2), ("3", d.variants3)):
+    for rnd, doc in (("2", d.variants2), ("3", d.variants3), ("4", d.variants4)):
         if doc is not None:
             rounds += [(rnd, call["variants"]) for call in doc["calls"].values()]
     return rounds
@@ -222,8 +224,9 @@ def _variants(d: DocInputs) -> list[str]:
             f"the same call (plain: {plain}).", "", *rows, "", *_variants_notes(d),
             f"Quality: `{q['variant_sets']}` trained side by side with plain to {tokens / 1e6:.1f}M tokens (same "
             f"seed and data order) ends {q['final_val_diff']:+.4f} off in val loss; the chunked loss computes the "
-            "same loss exactly.", "", *docs_speed.quality_sentence(d.variants3),
-            f"**Verdict: {_latest(d)['verdict']}.**", "", *_next_steps(d), *docs_speed.profile_section(d.variants3)]
+            "same loss exactly.", "", *docs_speed.quality_sentence(d.variants3, d.variants4),
+            f"**Verdict: {_latest(d)['verdict']}.**", "", *_next_steps(d),
+            *docs_speed.profile_section(d.variants3, d.variants4)]
 
 
 def _variants_notes(d: DocInputs) -> list[str]:
@@ -259,8 +262,9 @@ def _next_steps(d: DocInputs) -> list[str]:
                         "FP8 scales (torchao float8), an autotuned compile given the minutes it needs."
                         if d.variants3 is None else
                         "The third round measured fast FP8 accumulation (no gain), the chunked head's matmuls in "
-                        "FP8 and a Triton kernel for the loss chunks (`train.loss_kernel`); the profiles below say "
-                        "where the rest of the step goes."), ""]
+                        "FP8 and a Triton kernel for the loss chunks (`train.loss_kernel`)"
+                        + ("; the fourth, per-row FP8 scales in the blocks" if d.variants4 else "")
+                        + ". The profiles below say where the rest of the step goes."), ""]
 
 
 def _scaling(d: DocInputs) -> list[str]:

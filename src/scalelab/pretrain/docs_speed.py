@@ -1,6 +1,7 @@
 """docs/pretrain.md's speed reading: where a training step's GPU time goes (the committed profiles of
-bench/gpu_pretrain_profile.py) and what the third variants round's fastest recipe kept of the loss.
-Numbers come only from results/h200/pretrain_variants_round3.json and the profile files it names."""
+bench/gpu_pretrain_profile.py, the GEMM table of bench/gpu_fp8_gemm.py) and what the third and fourth variants
+rounds' fastest recipes kept of the loss. Numbers come only from results/h200/pretrain_variants_round{3,4}.json
+and the files they name."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,16 +9,18 @@ from pathlib import Path
 from scalelab.core.jsonio import read_json
 
 VARIANTS3 = "results/h200/pretrain_variants_round3.json"
+VARIANTS4 = "results/h200/pretrain_variants_round4.json"
 HEAD_ONLY = "cudnn-fp8-head-chunks8-b128-tk"  # FP8 in the chunked head only: what FP8 in the blocks adds
 
 
-def load(repo: Path) -> dict | None:
-    """The round-3 results with each profile's summary under profiles.<call>.summary; None before it exists."""
-    path = repo / VARIANTS3
+def load(repo: Path, rel: str = VARIANTS3) -> dict | None:
+    """A round's results with each named file's content under <entry>.summary (profiles, the GEMM table);
+    None before the round exists."""
+    path = repo / rel
     if not path.is_file():
         return None
     doc = read_json(path)
-    for key, entry in doc["profiles"].items():
+    for entry in [*doc["profiles"].values(), doc.get("gemm")]:
         if isinstance(entry, dict) and "file" in entry:
             entry["summary"] = read_json(repo / entry["file"])
     return doc
@@ -32,10 +35,8 @@ def _profiles(v3: dict) -> list[dict]:
     return [p for p in v3["profiles"].values() if isinstance(p, dict) and "summary" in p]
 
 
-def profile_section(v3: dict | None) -> list[str]:
-    if v3 is None:
-        return []
-    profiles = _profiles(v3)
+def _profile_table(doc: dict) -> list[str]:
+    profiles = _profiles(doc)
     kinds = list(dict.fromkeys(k for p in profiles for k in p["summary"]["ms_per_step_by_kind"]))
     head = "| kind of GPU kernel | " + " | ".join(f"`{p['variant']}` ms/step" for p in profiles) + " |"
     rows = [head, "|---|" + "---:|" * len(profiles)]
@@ -46,34 +47,78 @@ def profile_section(v3: dict | None) -> list[str]:
                                                 for p in profiles) + " |")
     rows.append("| **step (wall)** | " + " | ".join(f"**{p['summary']['wall_ms_per_step']:.0f}**"
                                                    for p in profiles) + " |")
-    busy = min(p["summary"]["gpu_busy_fraction"] for p in profiles)
-    last = profiles[-1]["summary"]["ms_per_step_by_kind"]
-    plain = v3["best"]["plain_tokens_per_s"]
-    goal_ms = 524288 / 650e3 * 1000
-    head = next(c["variants"][HEAD_ONLY] for c in v3["calls"].values() if HEAD_ONLY in c["variants"])
-    return ["### Where the step goes", "",
-            "Two profiled steps per recipe (`bench/gpu_pretrain_profile.py`; Inductor's fused kernels count as "
-            "`triton` even when they feed a GEMM):", "", *rows, "",
-            f"The GPU is busy at least {100 * busy:.1f}% of the wall clock, so the host is not the limit. With FP8 "
-            f"the elementwise kernels ({last['triton']:.0f} of {profiles[-1]['summary']['wall_ms_per_step']:.0f} ms) "
-            "rival the GEMMs: mostly the FP8 scaling before each GEMM (an amax, a cast, a transposed copy for the "
-            "weight gradient). At d = 768 these passes cost about what FP8 saves: with FP8 in the head alone "
-            f"(bf16 blocks) the step ran at {thousands(head['tokens_per_s'])} tokens/s, {head['speedup_vs_plain']:.3f}x "
-            f"its plain, against {v3['best']['speedup_vs_plain']:.3f}x with FP8 everywhere. 650k tokens/s needs a "
-            f"{goal_ms:.0f} ms step ({650e3 / plain:.2f}x plain). Left: "
-            "LayerNorm and GELU fused with the FP8 cast and its transpose, delayed scaling (Transformer Engine's "
-            "previous-step amax) to drop the amax passes, faster attention at head size 64.", ""]
+    return rows
 
 
-def quality_sentence(v3: dict | None) -> list[str]:
-    if v3 is None:
+def profile_section(v3: dict | None, v4: dict | None = None) -> list[str]:
+    doc = v4 or v3
+    if doc is None:
         return []
-    q, best = v3["quality"], v3["best"]
-    tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
-    return [f"The third round's fastest, `{best['variant']}` ({thousands(best['tokens_per_s'])} tokens/s, "
-            f"{best['speedup_vs_plain']:.3f}x), trained beside plain to {tokens / 1e6:.1f}M tokens ends "
-            f"{q['final_val_diff']:+.4f} off in val loss (within 0.02: "
-            f"{'yes' if q['within_0.02'] else 'no'}), at {q['peak_memory_gib']['variant']:.0f} GiB against "
-            f"{q['peak_memory_gib']['plain']:.0f}: the Triton loss kernel writes the gradient over the logits. "
-            "The logit gradient goes to e5m2 with a static scale, since |softmax − one_hot|/N ≤ 1/N; measuring "
-            "its amax had cost a full pass per chunk.", ""]
+    busy = min(p["summary"]["gpu_busy_fraction"] for p in _profiles(doc))
+    return ["### Where the step goes", "",
+            f"Two profiled steps per recipe (`bench/gpu_pretrain_profile.py`, round {'4' if v4 else '3'}; `triton`: "
+            "Inductor's fused kernels):", "", *_profile_table(doc), "",
+            f"The GPU is busy at least {100 * busy:.1f}% of the wall clock, so the host is not the limit. "
+            + (_reading4(v4) if v4 else _reading3(v3)), ""]
+
+
+def _reading3(v3: dict) -> str:
+    last = _profiles(v3)[-1]["summary"]
+    head = next(c["variants"][HEAD_ONLY] for c in v3["calls"].values() if HEAD_ONLY in c["variants"])
+    return (f"With FP8 the elementwise kernels ({last['ms_per_step_by_kind']['triton']:.0f} of "
+            f"{last['wall_ms_per_step']:.0f} ms) rival the GEMMs: mostly the FP8 scaling before each GEMM (an amax, a "
+            "cast, a transposed copy for the weight gradient). At d = 768 these passes cost about what FP8 saves: "
+            f"with FP8 in the head alone the step ran at {thousands(head['tokens_per_s'])} tokens/s, "
+            f"{head['speedup_vs_plain']:.3f}x its plain, against {v3['best']['speedup_vs_plain']:.3f}x with FP8 "
+            "everywhere. " + _goal(v3))
+
+
+def _goal(doc: dict) -> str:
+    plain = doc["best"]["plain_tokens_per_s"]
+    return f"650k tokens/s needs a {524288 / 650e3 * 1000:.0f} ms step ({650e3 / plain:.2f}x plain)."
+
+
+def _reading4(v4: dict) -> str:
+    prof = v4["profiles"]
+    head, before, after = (prof[k]["summary"] for k in ("call2_head", "call2_row", "call3_row"))
+    fused = max((k for k in before["top_kernels"] if "sum" in k["name"] and "amax" in k["name"]),
+                key=lambda k: k["ms_per_step"])
+    block = v4["gemm"]["summary"]["per_block_ms"]
+    looped = sum(k["ms_per_step"] for k in after["top_kernels"]
+                 if k["name"].startswith("triton_red_") and "amax" in k["name"])
+    return (f"With FP8 in the head alone, bf16 block GEMMs dominate ({head['ms_per_step_by_kind']['gemm']:.0f} of "
+            f"{head['wall_ms_per_step']:.0f} ms). Timed alone (`bench/gpu_fp8_gemm.py`), a block's twelve GEMMs take "
+            f"{block['bf16_ms']:.2f} ms in bf16, {block['fp8_tensor_ms']:.2f} in per-tensor FP8 and "
+            f"{block['fp8_row_ms']:.2f} in per-row FP8; per-tensor scaling spends its saving on amax passes, casts and "
+            "transposed copies. Per-row scales (`train.fp8_scaling=\"row\"`, torchao's rowwise recipe, weight "
+            "gradient in bf16) fuse each row's amax into the kernel that writes the row and need no transposes. "
+            "Inductor first fused the bias gradient's token-sum with the row amax into one slow kernel "
+            f"({fused['ms_per_step']:.0f} ms/step); with the bias in the GEMM epilogue and its gradient as a GEMM the "
+            f"step fell from {before['wall_ms_per_step']:.0f} to {after['wall_ms_per_step']:.0f} ms, and multi-kernel "
+            f"reductions (`train.compile_multi_kernel`) added {100 * (_mk_gain(v4) - 1):.1f}%. " + _goal(v4)
+            + f" Left: per-row casts that read their rows twice ({looped:.0f} ms before multi-kernel), FP8 weight "
+            "gradients with a fused cast-transpose, attention "
+            f"({after['ms_per_step_by_kind']['attention']:.0f} ms).")
+
+
+def _mk_gain(v4: dict) -> float:
+    """The best variant's speed over the same recipe without its last switch, measured in the same call."""
+    variants = v4["calls"][v4["best"]["call"]]["variants"]
+    return variants[v4["best"]["variant"]]["tokens_per_s"] / variants[v4["best"]["variant"][:-3]]["tokens_per_s"]
+
+
+def quality_sentence(v3: dict | None, v4: dict | None = None) -> list[str]:
+    out = []
+    for rnd, doc, why in (("third", v3, "the Triton loss kernel writes the gradient over the logits, and the logit "
+                                        "gradient takes a static e5m2 scale, since |softmax − one_hot|/N ≤ 1/N"),
+                          ("fourth", v4, "per-row scales give each token its own range")):
+        if doc is None:
+            continue
+        q, best = doc["quality"], doc["best"]
+        tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
+        out += [f"The {rnd} round's fastest, `{best['variant']}` ({thousands(best['tokens_per_s'])} tokens/s, "
+                f"{best['speedup_vs_plain']:.3f}x), trained beside plain to {tokens / 1e6:.1f}M tokens, ends "
+                f"{q['final_val_diff']:+.4f} off in val loss (within 0.02: {'yes' if q['within_0.02'] else 'no'}), "
+                f"at {q['peak_memory_gib']['variant']:.0f} GiB against {q['peak_memory_gib']['plain']:.0f}: {why}.",
+                ""]
+    return out
