@@ -363,3 +363,14 @@ def test_compile_multi_kernel_reaches_inductor(monkeypatch):
         train_gpt.wrap_model(train_gpt.GPT(cfg.model), cfg, 1, torch.device("cpu"), torch.float32)
         caches = (inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache)
         assert inductor_config.triton.multi_kernel == want and caches == (not flag, not flag)
+
+
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_before_building(monkeypatch):
+    from scalelab.pretrain.fp8 import require_fp8
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ValueError, match=r"A100-SXM4-80GB is sm_80, FP8 matmuls need compute capability 8\.9"):
+        require_fp8(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    require_fp8(torch.device("cuda", 0))   # Hopper passes
+    require_fp8(torch.device("cpu"))       # CPU: torch._scaled_mm's reference kernels (the tests)

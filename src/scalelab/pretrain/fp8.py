@@ -103,6 +103,15 @@ class FP8Linear(nn.Linear):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
+def require_fp8(device: torch.device) -> None:
+    """FP8 tensor cores arrived with compute capability 8.9 (Ada: L4, L40S) and 9.0 (Hopper); on older GPUs
+    torch._scaled_mm fails deep inside the first compiled step, so refuse before building anything."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(f"config field 'train.fp8': {torch.cuda.get_device_name(device)} is sm_{major}{minor}, "
+                         "FP8 matmuls need compute capability 8.9+ (L4, L40S, H100, H200); set train.fp8='none'")
+
+
 def use_fp8(model: nn.Module, which: str, fast_accum: bool = False, rowwise: bool = False) -> None:
     """Swap the chosen Linears' class in place: 'lm_head' (the largest matmul, as modded-nanogpt), 'blocks'
     (every Linear but the head) or 'all'. Under train.loss_chunks the chunked loss computes the head and reads

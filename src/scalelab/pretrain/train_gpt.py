@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from scalelab.pretrain.chunked_ce import chunked_cross_entropy
 from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config, peak_flops, save_config
-from scalelab.pretrain.fp8 import FP8Linear, use_fp8
+from scalelab.pretrain.fp8 import FP8Linear, require_fp8, use_fp8
 from scalelab.pretrain.muon import build_muon_adamw
 from scalelab.pretrain.shards import StreamPosition, TokenStream, list_shards, manifest_hash, read_header
 
@@ -363,6 +363,7 @@ def build(cfg: PretrainConfig, world: int, device: torch.device):
     kernel choice, compile and data-parallel wrapping. Seed first: the init draws from the global generator."""
     model = GPT(cfg.model, cfg.train.loss_chunks, cfg.train.loss_kernel == "triton").to(device)
     if cfg.train.fp8 != "none":
+        require_fp8(device)
         use_fp8(model, cfg.train.fp8, cfg.train.fp8_fast_accum, cfg.train.fp8_scaling == "row")
     if device.type == "cuda" and cfg.train.attention != "auto":  # keep only the chosen SDPA kernel
         for kind in ("cudnn", "flash", "mem_efficient", "math"):
