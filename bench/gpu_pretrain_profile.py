@@ -31,7 +31,7 @@ from scalelab.pretrain import train_gpt
 from scalelab.pretrain.config import load_pretrain_config
 
 KINDS = [  # first match wins; names as Inductor (triton_*), cuBLAS (nvjet/xmma), CUTLASS and cuDNN/flash SDPA emit them
-    ("loss kernel", re.compile(r"^_ce_rows")),  # ce_kernel.py (train.loss_kernel="triton")
+    ("loss kernel", re.compile(r"^_ce_(rows|grad_e5m2)")),  # ce_kernel.py (train.loss_kernel="triton*")
     ("triton", re.compile(r"^triton_")),        # before gemm: fused names carry their neighbours' ops (_scaled_mm)
     ("gemm", re.compile(r"nvjet|gemm|xmma|cutlass|matmul", re.I)),
     ("attention", re.compile(r"sdpa|fmha|flash|attn|attention|cudnn_generated", re.I)),

@@ -130,6 +130,8 @@ def test_static_quantize_uses_the_given_bound():
 
 @pytest.mark.parametrize("overrides, message", [
     (['train.loss_kernel="triton"'], "train.loss_kernel.*set train.loss_chunks > 0"),
+    (['train.loss_kernel="triton-e5m2"', "train.loss_chunks=4", 'train.fp8="blocks"'],
+     "writes the gradient of an FP8 head; train.fp8='blocks' keeps the head in bf16"),
     (['train.loss_chunks=65'], "train.loss_chunks.*micro_batch_size\\*block_size = 64"),  # B=4 x T=16
     (['train.loss_chunks=-1'], "train.loss_chunks.*must be >= 0"),
 ])

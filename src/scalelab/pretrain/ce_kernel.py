@@ -8,6 +8,12 @@ Measured on an H200 (results/h200/pretrain_variants_round3.json, 124M at B=128, 
 per chunk (~3 TB/s), about the speed torch.compile's own kernels already reached for a bf16 head (+0.5% tokens/s
 with the FP8 head), and ~10 GiB less peak memory (43.5 -> 31.7 GiB with FP8 in the blocks).
 
+For an FP8 head (train.loss_kernel = "triton-e5m2") the row kernel only stores each row's log-sum-exp, and a
+tiled kernel reads the logits again and writes the gradient as e5m2 at its static scale, row-major and
+transposed: the layouts cuBLAS's FP8 GEMMs want for d/dh and d/dW. That replaces the in-place bf16 write, the
+cast to e5m2 and its transposed copy, one Inductor kernel of 0.88 ms per 16k x 50k chunk (28 ms of an 877 ms
+step in results/h200/pretrain_profile/profile_fp8row_all_chunks8_b128_tk_fast_biasgemm.json).
+
 Without the triton package (CPU-only installs) the trainer still imports; asking for the kernel is an error.
 """
 from __future__ import annotations
@@ -23,8 +29,8 @@ except ImportError:  # CPU installs without triton: the trainer imports; the ker
     triton = tl = None
 
 
-def _ce_rows(logits_ptr, stride, targets_ptr, loss_ptr, inv_n, VOCAB: tl.constexpr, PADDED: tl.constexpr,
-             WANT_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+def _ce_rows(logits_ptr, stride, targets_ptr, loss_ptr, lse_ptr, inv_n, VOCAB: tl.constexpr,
+             PADDED: tl.constexpr, WANT_GRAD: tl.constexpr, BLOCK: tl.constexpr):
     """One program per row. The sizes are compile-time constants: one vocabulary per run, static loop bounds."""
     row = tl.program_id(0).to(tl.int64)
     ptr = logits_ptr + row * stride
@@ -38,6 +44,7 @@ def _ce_rows(logits_ptr, stride, targets_ptr, loss_ptr, inv_n, VOCAB: tl.constex
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
         m = m_new
     lse = m + tl.log(s)
+    tl.store(lse_ptr + row, lse)
     tl.store(loss_ptr + row, lse - tl.load(ptr + target).to(tl.float32))  # read before pass 2 overwrites it
     if WANT_GRAD:
         for start in range(0, PADDED, BLOCK):  # pass 2: d(mean loss)/d(logits), in place
@@ -49,24 +56,72 @@ def _ce_rows(logits_ptr, stride, targets_ptr, loss_ptr, inv_n, VOCAB: tl.constex
             tl.store(ptr + cols, g.to(logits_ptr.dtype.element_ty), mask=inside)
 
 
-# jitted at import, as a module-level kernel torch.compile can place in its graph; TRITON_INTERPRET=1 must be set
-# before this import to interpret it on CPU (Triton wraps its own library functions when it is imported)
+E5M2_MAX = 57344.0  # torch.finfo(torch.float8_e5m2).max
+
+
+def _ce_grad_e5m2(logits_ptr, stride, lse_ptr, targets_ptr, g8_ptr, g8t_ptr, rows, VOCAB: tl.constexpr,
+                  PADDED: tl.constexpr, SCALE: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
+    """One program per (BR rows x BV columns) tile: (softmax - one_hot) * E5M2_MAX as e5m2 bytes, written row-major
+    (for d/dh) and transposed (for d/dW: cuBLAS's FP8 GEMM wants both operands contiguous along the token axis).
+    |softmax - one_hot| <= 1, so SCALE = E5M2_MAX is a static scale. Rounding: to fp16, then round-to-nearest-even on
+    the 8 low bits in integers; e5m2 is fp16's high byte, so this is exact and the same on GPU and interpreter."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    c = tl.program_id(1) * BV + tl.arange(0, BV)
+    inside = (r[:, None] < rows) & (c[None, :] < PADDED)
+    x = tl.load(logits_ptr + r[:, None].to(tl.int64) * stride + c[None, :], mask=inside, other=0.0).to(tl.float32)
+    lse = tl.load(lse_ptr + r, mask=r < rows, other=0.0)
+    target = tl.load(targets_ptr + r, mask=r < rows, other=-1)
+    g = tl.exp(x - lse[:, None]) - tl.where(c[None, :] == target[:, None], 1.0, 0.0)
+    g = tl.where(c[None, :] < VOCAB, g * SCALE, 0.0)
+    bits = g.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    mag = bits & 0x7FFF
+    byte = (((bits >> 8) & 0x80) | ((mag + 0x7F + ((mag >> 8) & 1)) >> 8)).to(tl.uint8)
+    tl.store(g8_ptr + r[:, None].to(tl.int64) * PADDED + c[None, :], byte, mask=inside)
+    tl.store(g8t_ptr + c[None, :].to(tl.int64) * rows + r[:, None], byte, mask=inside)
+
+
+# jitted at import, as module-level kernels torch.compile can place in its graph; TRITON_INTERPRET=1 must be set
+# before this import to interpret them on CPU (Triton wraps its own library functions when it is imported)
 _CE_ROWS = triton.jit(_ce_rows) if triton is not None else None
+_CE_GRAD_E5M2 = triton.jit(_ce_grad_e5m2) if triton is not None else None
 
 
-def cross_entropy_rows_(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, inv_n: float,
-                        want_grad: bool, block: int = 4096) -> torch.Tensor:
-    """Per-row loss (fp32, (rows,)) of logits (rows, Vp) against targets (rows,) over the first vocab_size
-    columns; with want_grad, logits now hold (softmax - one_hot) * inv_n (0 in the padded columns)."""
+def _check(logits: torch.Tensor) -> None:
     if _CE_ROWS is None:
         raise RuntimeError("train.loss_kernel='triton' needs the triton package (CUDA builds of torch bring it)")
     if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(f"train.loss_kernel='triton' runs on CUDA, not on {logits.device}; use "
                            "train.loss_kernel='torch' (or TRITON_INTERPRET=1 to interpret the kernel, slowly)")
     if logits.stride(1) != 1:
-        raise ValueError("cross_entropy_rows_ needs logits with contiguous rows")
+        raise ValueError("the loss kernel needs logits with contiguous rows")
+
+
+def cross_entropy_rows_(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, inv_n: float,
+                        want_grad: bool, block: int = 4096) -> torch.Tensor:
+    """Per-row loss (fp32, (rows,)) of logits (rows, Vp) against targets (rows,) over the first vocab_size
+    columns; with want_grad, logits now hold (softmax - one_hot) * inv_n (0 in the padded columns)."""
+    _check(logits)
     rows, padded = logits.shape
-    loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    _CE_ROWS[(rows,)](logits, logits.stride(0), targets, loss, inv_n, VOCAB=vocab_size, PADDED=padded,
+    loss, lse = torch.empty(2, rows, dtype=torch.float32, device=logits.device).unbind(0)
+    _CE_ROWS[(rows,)](logits, logits.stride(0), targets, loss, lse, inv_n, VOCAB=vocab_size, PADDED=padded,
                        WANT_GRAD=want_grad, BLOCK=block)
     return loss
+
+
+def cross_entropy_rows_e5m2(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, block: int = 4096,
+                            tile: tuple[int, int] = (64, 128)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For an FP8 head: (per-row loss (rows,), g8 (rows, Vp), g8t (Vp, rows)) with g8 = e5m2 of (softmax -
+    one_hot) * E5M2_MAX over the first vocab_size columns (0 in the padded ones) and g8t its transpose; the
+    gradient of the mean loss over N rows is g8 / (E5M2_MAX * N). The logits are read twice and left unchanged;
+    the bf16 gradient, its cast and its transposed copy are never written."""
+    _check(logits)
+    rows, padded = logits.shape
+    loss, lse = torch.empty(2, rows, dtype=torch.float32, device=logits.device).unbind(0)
+    _CE_ROWS[(rows,)](logits, logits.stride(0), targets, loss, lse, 0.0, VOCAB=vocab_size, PADDED=padded,
+                       WANT_GRAD=False, BLOCK=block)
+    g8 = torch.empty(rows, padded, dtype=torch.uint8, device=logits.device)
+    g8t = torch.empty(padded, rows, dtype=torch.uint8, device=logits.device)
+    grid = (triton.cdiv(rows, tile[0]), triton.cdiv(padded, tile[1]))
+    _CE_GRAD_E5M2[grid](logits, logits.stride(0), lse, targets, g8, g8t, rows, VOCAB=vocab_size, PADDED=padded,
+                        SCALE=E5M2_MAX, BR=tile[0], BV=tile[1])
+    return loss, g8.view(torch.float8_e5m2), g8t.view(torch.float8_e5m2)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from scalelab.pretrain.ce_kernel import cross_entropy_rows_
+from scalelab.pretrain.ce_kernel import E5M2_MAX, cross_entropy_rows_, cross_entropy_rows_e5m2
 from scalelab.pretrain.fp8 import E4M3, E5M2, mm8, quantize
 
 
@@ -67,19 +67,28 @@ class _Fp8Head:
     def logits(self, hc: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return mm8(hc[0], hc[1], self.w8.t(), self.sw, torch.bfloat16, self.fast_accum)
 
-    def grad_logits(self, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return quantize(g, E5M2, self.grad_amax)
+    def grad_logits(self, g: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """(g8, 1/scale, g8 transposed or None). A tuple is the loss kernel's (g8, g8t), already in e5m2 at
+        the same static scale E5M2_MAX * N (ce_kernel.cross_entropy_rows_e5m2)."""
+        if isinstance(g, tuple):
+            inv = torch.full((), 1.0 / (E5M2_MAX / self.grad_amax), dtype=torch.float32, device=g[0].device)
+            return g[0], inv, g[1]
+        return (*quantize(g, E5M2, self.grad_amax), None)
 
-    def grad_rows(self, g: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def grad_rows(self, g: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return mm8(g[0], g[1], self.w8_cols, self.sw, torch.bfloat16)
 
-    def grad_weight(self, g: tuple[torch.Tensor, torch.Tensor], hc: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return mm8(g[0].t(), g[1], hc[0], hc[1], torch.float32)
+    def grad_weight(self, g: tuple[torch.Tensor, ...], hc: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return mm8(g[0].t() if g[2] is None else g[2], g[1], hc[0], hc[1], torch.float32)
 
 
 def _loss_and_grad(logits: torch.Tensor, tc: torch.Tensor, cols: torch.Tensor, vocab_size: int, n: int,
-                   want_grad: bool, kernel: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(sum of the chunk's row losses, d(mean loss)/d(logits) or None) for logits (rows, Vp) from the head."""
+                   want_grad: bool, kernel: bool, e5m2: bool) -> tuple[torch.Tensor, torch.Tensor | tuple | None]:
+    """(sum of the chunk's row losses, d(mean loss)/d(logits) or None) for logits (rows, Vp) from the head; with
+    e5m2 (an FP8 head) the gradient comes from the kernel as (g8, g8t) at _Fp8Head's static scale."""
+    if e5m2 and want_grad:  # the kernel writes e5m2 in both layouts: no bf16 gradient, cast or copy
+        loss, g8, g8t = cross_entropy_rows_e5m2(logits, tc, vocab_size)
+        return loss.sum(), (g8, g8t)
     if kernel:  # the Triton kernel: the gradient replaces the logits in place (ce_kernel.py)
         return cross_entropy_rows_(logits, tc, vocab_size, 1.0 / n, want_grad).sum(), logits if want_grad else None
     # pointwise from here on, so torch.compile fuses each line into one pass over the chunk
@@ -98,7 +107,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, targets, n_chunks: int, vocab_size: int, dtype: torch.dtype, want_grad: bool,
-                fp8: bool, fast_accum: bool, kernel: bool):
+                fp8: bool, fast_accum: bool, kernel: bool, kernel_e5m2: bool):
         # h (N, C) float; weight (Vp, C); targets (N,) int64. Matmuls in `dtype` (or FP8), softmax in fp32, like the
         # plain path (bf16 autocast matmul, then logits.float()).
         n = h.size(0)
@@ -111,7 +120,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             rows = -(-n // n_chunks)                                 # ceil: torch.chunk's split
             for s in range(0, n, rows):
                 hc, tc = mm.rows(h[s:s + rows]), targets[s:s + rows]
-                chunk_loss, g = _loss_and_grad(mm.logits(hc), tc, cols, vocab_size, n, want_grad, kernel)
+                chunk_loss, g = _loss_and_grad(mm.logits(hc), tc, cols, vocab_size, n, want_grad, kernel,
+                                               fp8 and kernel_e5m2)
                 loss += chunk_loss
                 if not want_grad:
                     continue
@@ -126,19 +136,21 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_out, (grad_w * grad_out).to(ctx.weight_dtype), *[None] * 8
+        return grad_h * grad_out, (grad_w * grad_out).to(ctx.weight_dtype), *[None] * 9
 
 
 def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, n_chunks: int,
                           vocab_size: int, fp8: bool = False, fast_accum: bool = False,
-                          kernel: bool = False) -> torch.Tensor:
+                          kernel: bool = False, kernel_e5m2: bool = False) -> torch.Tensor:
     """Mean cross-entropy of logits h @ weight.T (first vocab_size columns) against targets, never holding more
     than one chunk of logits. h (B, T, C), weight (Vp, C), targets (B, T) -> scalar; same value and gradients as
     F.cross_entropy(F.linear(h, weight)[..., :vocab_size].float().view(-1, vocab_size), targets.view(-1)).
     fp8: the head's matmuls in FP8 (fp8.py), as an FP8Linear head would be; fast_accum for its forward GEMM.
-    kernel: each chunk's loss and gradient in one Triton kernel (ce_kernel.py) rather than compiled torch ops."""
+    kernel: each chunk's loss and gradient in one Triton kernel (ce_kernel.py) rather than compiled torch ops.
+    kernel_e5m2: with fp8, the kernel writes the logit gradient as e5m2 itself, in both layouts the two gradient
+    GEMMs want (ce_kernel.cross_entropy_rows_e5m2), instead of bf16 that is then cast and transposed."""
     h2, t = h.reshape(-1, h.size(-1)), targets.reshape(-1)
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     dtype = _compute_dtype(h.device.type, h.dtype)
     return _ChunkedLinearCrossEntropy.apply(h2, weight, t, n_chunks, vocab_size, dtype, want_grad, fp8, fast_accum,
-                                            kernel)
+                                            kernel or kernel_e5m2, kernel_e5m2)

@@ -124,16 +124,23 @@ class TrainConfig:
                                 "formed in the forward, so the (B*T, vocab) logits never exist at once "
                                 "(chunked_ce.py); 0 = off (one plain head matmul). Chunks of ~8k rows keep each "
                                 "matmul large (8 at B=64, T=1024)", ge=0)
-    loss_kernel: Literal["torch", "triton"] = param(
+    loss_kernel: Literal["torch", "triton", "triton-e5m2"] = param(
         "torch", "train.loss_chunks: each chunk's softmax, loss and gradient as compiled torch ops, or in one Triton "
-                 "kernel that reads the logits twice and writes the gradient over them (ce_kernel.py; CUDA)")
+                 "kernel that reads the logits twice and writes the gradient over them (ce_kernel.py; CUDA); "
+                 "triton-e5m2, for an FP8 head: the kernels write the gradient as e5m2, row-major and transposed, "
+                 "for the two gradient GEMMs, so no bf16 gradient, cast or transposed copy is made")
     target_val_loss: float = param(0.0, "time-to-target runs: stop (and checkpoint) at the first evaluation with "
                                         "val loss <= this; 0 = off", ge=0.0)
 
     def validate(self) -> None:
-        if self.loss_kernel == "triton" and not self.loss_chunks:
-            raise ConfigError("config field 'train.loss_kernel': 'triton' computes the chunks of the chunked loss; "
-                              "set train.loss_chunks > 0 (8 at B=64, T=1024) or train.loss_kernel='torch'")
+        if self.loss_kernel != "torch" and not self.loss_chunks:
+            raise ConfigError(f"config field 'train.loss_kernel': {self.loss_kernel!r} computes the chunks of the "
+                              "chunked loss; set train.loss_chunks > 0 (8 at B=64, T=1024) or "
+                              "train.loss_kernel='torch'")
+        if self.loss_kernel == "triton-e5m2" and self.fp8 not in ("lm_head", "all"):
+            raise ConfigError("config field 'train.loss_kernel': 'triton-e5m2' writes the gradient of an FP8 head; "
+                              f"train.fp8={self.fp8!r} keeps the head in bf16: set train.fp8='lm_head' or 'all', or "
+                              "train.loss_kernel='triton'")
         if self.fp8_scaling == "row" and (self.fp8 == "none" or (self.fp8 == "lm_head" and self.loss_chunks)):
             raise ConfigError("config field 'train.fp8_scaling': 'row' applies to FP8Linear layers, and with "
                               f"train.fp8={self.fp8!r}" + (" and the chunked head" if self.loss_chunks else "")

@@ -78,10 +78,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, loss_chunks: int = 0, loss_kernel: bool = False):
+    def __init__(self, cfg: ModelConfig, loss_chunks: int = 0, loss_kernel: str = "torch"):
         super().__init__()
         self.cfg, self.loss_chunks = cfg, loss_chunks  # loss_chunks > 0: chunked head + loss (chunked_ce.py)
-        self.loss_kernel = loss_kernel  # its chunks' softmax/loss/gradient in one Triton kernel (ce_kernel.py)
+        self.loss_kernel = loss_kernel  # 'triton'*: its chunks' softmax/loss/gradient in Triton (ce_kernel.py)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
@@ -121,7 +121,8 @@ class GPT(nn.Module):
             fp8 = isinstance(self.lm_head, FP8Linear)  # train.fp8 'lm_head'/'all': the chunks' matmuls in FP8
             return None, chunked_cross_entropy(self.transformer.ln_f(x), self.lm_head.weight, targets,
                                                self.loss_chunks, self.cfg.vocab_size, fp8,
-                                               getattr(self.lm_head, "fast_accum", False), self.loss_kernel)
+                                               getattr(self.lm_head, "fast_accum", False),
+                                               self.loss_kernel == "triton", self.loss_kernel == "triton-e5m2")
         logits = self.lm_head(self.transformer.ln_f(x))[..., : self.cfg.vocab_size]
         if targets is None:
             return logits, None
@@ -361,7 +362,7 @@ def train_step(model, optimizer, stream, cfg, world, device, autocast, accum, fi
 def build(cfg: PretrainConfig, world: int, device: torch.device):
     """(model, optimizer, autocast context, parameter count, compute dtype) as cfg describes them: FP8 swap, SDPA
     kernel choice, compile and data-parallel wrapping. Seed first: the init draws from the global generator."""
-    model = GPT(cfg.model, cfg.train.loss_chunks, cfg.train.loss_kernel == "triton").to(device)
+    model = GPT(cfg.model, cfg.train.loss_chunks, cfg.train.loss_kernel).to(device)
     if cfg.train.fp8 != "none":
         require_fp8(device)
         use_fp8(model, cfg.train.fp8, cfg.train.fp8_fast_accum, cfg.train.fp8_scaling == "row")
