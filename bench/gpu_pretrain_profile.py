@@ -32,6 +32,7 @@ from scalelab.pretrain.config import load_pretrain_config
 
 KINDS = [  # first match wins; names as Inductor (triton_*), cuBLAS (nvjet/xmma), CUTLASS and cuDNN/flash SDPA emit them
     ("loss kernel", re.compile(r"^_ce_(rows|grad_e5m2)")),  # ce_kernel.py (train.loss_kernel="triton*")
+    ("gelu kernel", re.compile(r"^_gelu_(grad_)?rows")),     # fp8_kernels.py (train.fp8_gelu_kernel)
     ("triton", re.compile(r"^triton_")),        # before gemm: fused names carry their neighbours' ops (_scaled_mm)
     ("gemm", re.compile(r"nvjet|gemm|xmma|cutlass|matmul", re.I)),
     ("attention", re.compile(r"sdpa|fmha|flash|attn|attention|cudnn_generated", re.I)),

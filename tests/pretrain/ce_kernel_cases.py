@@ -74,8 +74,9 @@ def test_rows_e5m2_gradient_in_both_layouts():
     ref = torch.zeros(37, VP)
     ref[:, :V] = (logits[:, :V].float().softmax(-1) - F.one_hot(t, V).float()) * ce_kernel.E5M2_MAX
     codes = lambda x: x.view(torch.uint8).int()  # noqa: E731
-    diff = (codes(g8) - codes(ref.half().to(torch.float8_e5m2))).abs()
-    assert g8.dtype == torch.float8_e5m2 and diff.max() <= 1 and (diff > 0).float().mean() < 1e-3  # one code at most
+    diff = (codes(g8) - codes(ref.to(torch.float8_e5m2))).abs()
+    normal = ref.abs() >= torch.finfo(torch.float8_e5m2).smallest_normal
+    assert g8.dtype == torch.float8_e5m2 and diff[normal].max() == 0 and diff.max() <= 1  # fp8_kernels.fp8_codes
     assert torch.equal(codes(g8t), codes(g8).t()) and torch.count_nonzero(codes(g8)[:, V:]) == 0
     assert torch.equal(work, logits)  # read, not overwritten
     assert torch.allclose(loss, F.cross_entropy(logits[:, :V].float(), t, reduction="none"), rtol=1e-5)

@@ -352,17 +352,18 @@ def test_fp8_fast_accumulation_reaches_the_forward_gemm_only(monkeypatch):
     assert calls == [True, False, False]   # forward fast; grad-input and grad-weight precise
 
 
-def test_compile_multi_kernel_reaches_inductor(monkeypatch):
-    import torch._inductor.config as inductor_config
+def test_compile_multi_kernel_reaches_inductor():
     import torch._functorch.config as functorch_config
-    monkeypatch.setattr(inductor_config.triton, "multi_kernel", 0)
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", True)
-    monkeypatch.setattr(functorch_config, "enable_autograd_cache", True)
-    for flag, want in ((False, 0), (True, 1)):
-        cfg = load_pretrain_config(None, [*TINY, "train.compile=true", f"train.compile_multi_kernel={str(flag).lower()}"])
-        train_gpt.wrap_model(train_gpt.GPT(cfg.model), cfg, 1, torch.device("cpu"), torch.float32)
-        caches = (inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache)
-        assert inductor_config.triton.multi_kernel == want and caches == (not flag, not flag)
+    import torch._inductor.config as inductor_config
+    # config.patch restores what the trainer sets (monkeypatch would delete the config modules' entries on undo)
+    with inductor_config.patch({"triton.multi_kernel": 0, "fx_graph_cache": True}), \
+            functorch_config.patch(enable_autograd_cache=True):
+        for flag, want in ((False, 0), (True, 1)):
+            cfg = load_pretrain_config(None, [*TINY, "train.compile=true",
+                                              f"train.compile_multi_kernel={str(flag).lower()}"])
+            train_gpt.wrap_model(train_gpt.GPT(cfg.model), cfg, 1, torch.device("cpu"), torch.float32)
+            caches = (inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache)
+            assert inductor_config.triton.multi_kernel == want and caches == (not flag, not flag)
 
 
 def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_before_building(monkeypatch):

@@ -22,6 +22,8 @@ import os
 
 import torch
 
+from scalelab.pretrain.fp8_kernels import fp8_codes
+
 try:
     import triton
     import triton.language as tl
@@ -63,8 +65,8 @@ def _ce_grad_e5m2(logits_ptr, stride, lse_ptr, targets_ptr, g8_ptr, g8t_ptr, row
                   PADDED: tl.constexpr, SCALE: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
     """One program per (BR rows x BV columns) tile: (softmax - one_hot) * E5M2_MAX as e5m2 bytes, written row-major
     (for d/dh) and transposed (for d/dW: cuBLAS's FP8 GEMM wants both operands contiguous along the token axis).
-    |softmax - one_hot| <= 1, so SCALE = E5M2_MAX is a static scale. Rounding: to fp16, then round-to-nearest-even on
-    the 8 low bits in integers; e5m2 is fp16's high byte, so this is exact and the same on GPU and interpreter."""
+    |softmax - one_hot| <= 1, so SCALE = E5M2_MAX is a static scale; fp8_codes rounds to nearest-even in integers,
+    the same on the GPU and in the interpreter."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     c = tl.program_id(1) * BV + tl.arange(0, BV)
     inside = (r[:, None] < rows) & (c[None, :] < PADDED)
@@ -72,10 +74,7 @@ def _ce_grad_e5m2(logits_ptr, stride, lse_ptr, targets_ptr, g8_ptr, g8t_ptr, row
     lse = tl.load(lse_ptr + r, mask=r < rows, other=0.0)
     target = tl.load(targets_ptr + r, mask=r < rows, other=-1)
     g = tl.exp(x - lse[:, None]) - tl.where(c[None, :] == target[:, None], 1.0, 0.0)
-    g = tl.where(c[None, :] < VOCAB, g * SCALE, 0.0)
-    bits = g.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    mag = bits & 0x7FFF
-    byte = (((bits >> 8) & 0x80) | ((mag + 0x7F + ((mag >> 8) & 1)) >> 8)).to(tl.uint8)
+    byte = fp8_codes(tl.where(c[None, :] < VOCAB, g * SCALE, 0.0), True)
     tl.store(g8_ptr + r[:, None].to(tl.int64) * PADDED + c[None, :], byte, mask=inside)
     tl.store(g8t_ptr + c[None, :].to(tl.int64) * rows + r[:, None], byte, mask=inside)
 

@@ -112,6 +112,8 @@ class TrainConfig:
         "tensor", "train.fp8 scales: one per tensor, all three GEMMs in FP8; or one per row (token, feature) with "
                   "the weight-gradient GEMM in bf16 (torchao's rowwise_with_gw_hp), whose amaxes fuse into the "
                   "kernels that produce each row. The chunked head keeps per-tensor scales")
+    fp8_gelu_kernel: bool = param(False, "train.fp8_scaling='row': the MLP's GELU and its gradient each fused with "
+                                         "their FP8 row cast in one Triton kernel (fp8_kernels.py; CUDA)")
     attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = param(
         "auto", "SDPA kernel to use on CUDA; auto = PyTorch's choice")
     overfit_batch: bool = param(False, "sanity mode: train on the first batch only; loss must go to ~0")
@@ -137,6 +139,9 @@ class TrainConfig:
             raise ConfigError(f"config field 'train.loss_kernel': {self.loss_kernel!r} computes the chunks of the "
                               "chunked loss; set train.loss_chunks > 0 (8 at B=64, T=1024) or "
                               "train.loss_kernel='torch'")
+        if self.fp8_gelu_kernel and (self.fp8_scaling != "row" or self.fp8 not in ("blocks", "all")):
+            raise ConfigError("config field 'train.fp8_gelu_kernel': it fuses GELU with per-row FP8 casts in the "
+                              "blocks; set train.fp8='blocks' or 'all' and train.fp8_scaling='row'")
         if self.loss_kernel == "triton-e5m2" and self.fp8 not in ("lm_head", "all"):
             raise ConfigError("config field 'train.loss_kernel': 'triton-e5m2' writes the gradient of an FP8 head; "
                               f"train.fp8={self.fp8!r} keeps the head in bf16: set train.fp8='lm_head' or 'all', or "

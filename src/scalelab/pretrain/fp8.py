@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from scalelab.pretrain.fp8_kernels import gelu_grad_rows, gelu_rows
+
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2  # forward operands; gradients (wider range, 2 mantissa bits)
 
 
@@ -79,12 +81,54 @@ class _FP8RowMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: torch.Tensor):  # g (M, N)
         x, w = ctx.saved_tensors
-        (g8, sg), (wt8, swt) = quantize_rows(g, E5M2), quantize_rows(w.t(), E4M3)  # wt8 (K, N): per input feature
-        gx = mm8(g8, sg, wt8.t(), swt.t(), torch.bfloat16)
         g = g.to(torch.bfloat16)
-        gw = g.t() @ x
-        gb = None if ctx.b_dtype is None else (g.new_ones(1, g.size(0)) @ g).view(-1).to(ctx.b_dtype)
+        gx, gw, gb = _row_grads(g, *quantize_rows(g, E5M2), x, w, ctx.b_dtype)
         return gx.to(ctx.x_dtype), gw.to(w.dtype), gb, None
+
+
+def _row_grads(g: torch.Tensor, g8: torch.Tensor, sg: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+               b_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The per-row recipe's backward of y = x @ w.T + b from g (bf16) and its row cast (g8, 1/scale): the input
+    gradient in FP8 with w scaled per input feature, the weight gradient g.T @ x in bf16, the bias gradient a
+    ones-row GEMM."""
+    wt8, swt = quantize_rows(w.t(), E4M3)  # wt8 (K, N)
+    gx = mm8(g8, sg, wt8.t(), swt.t(), torch.bfloat16)
+    gb = None if b_dtype is None else (g.new_ones(1, g.size(0)) @ g).view(-1).to(b_dtype)
+    return gx, g.t() @ x, gb
+
+
+def _bf16(b: torch.Tensor | None) -> torch.Tensor | None:
+    return None if b is None else b.to(torch.bfloat16)
+
+
+class _FP8RowMLP(torch.autograd.Function):
+    """proj(gelu_tanh(fc(x))) in the per-row recipe of _FP8RowMatmul, with GELU and its gradient each fused with
+    their row cast to FP8 (fp8_kernels.py): the hidden activation, 4x wider than x, is read once per direction
+    instead of twice by a compiled reduction and again by the cast."""
+
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, fast_accum: bool) -> torch.Tensor:  # x (M, C), w1 (4C, C), w2 (C, 4C)
+        (x8, sx), (w18, sw1), (w28, sw2) = quantize_rows(x, E4M3), quantize_rows(w1, E4M3), quantize_rows(w2, E4M3)
+        h = mm8(x8, sx, w18.t(), sw1.t(), torch.bfloat16, fast_accum, _bf16(b1))
+        a, a8, sa = gelu_rows(h)
+        ctx.save_for_backward(x.to(torch.bfloat16), h, a, w1, w2)
+        ctx.dtypes = (x.dtype, None if b1 is None else b1.dtype, None if b2 is None else b2.dtype)
+        return mm8(a8, sa, w28.t(), sw2.t(), torch.bfloat16, fast_accum, _bf16(b2))
+
+    @staticmethod
+    def backward(ctx, gy: torch.Tensor):
+        x, h, a, w1, w2 = ctx.saved_tensors
+        gy = gy.to(torch.bfloat16)
+        da, gw2, gb2 = _row_grads(gy, *quantize_rows(gy, E5M2), a, w2, ctx.dtypes[2])
+        gh, gh8, sgh = gelu_grad_rows(da, h)
+        gx, gw1, gb1 = _row_grads(gh, gh8, sgh, x, w1, ctx.dtypes[1])
+        return gx.to(ctx.dtypes[0]), gw1.to(w1.dtype), gb1, gw2.to(w2.dtype), gb2, None
+
+
+def row_mlp(x: torch.Tensor, fc: nn.Linear, proj: nn.Linear) -> torch.Tensor:
+    """GPT-2's MLP, proj(gelu_tanh(fc(x))), as _FP8RowMLP (train.fp8_gelu_kernel); fc's fast_accum applies."""
+    y = _FP8RowMLP.apply(x.reshape(-1, x.size(-1)), fc.weight, fc.bias, proj.weight, proj.bias, fc.fast_accum)
+    return y.view(*x.shape[:-1], -1)
 
 
 class FP8Linear(nn.Linear):
@@ -94,6 +138,7 @@ class FP8Linear(nn.Linear):
     torchao's float8 training uses by default. rowwise: _FP8RowMatmul's scaling instead of per-tensor scales."""
     fast_accum = False
     rowwise = False
+    gelu_kernel = False  # an MLP's c_fc with this set runs row_mlp (train.fp8_gelu_kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.size(-1))
@@ -112,7 +157,8 @@ def require_fp8(device: torch.device) -> None:
                          "FP8 matmuls need compute capability 8.9+ (L4, L40S, H100, H200); set train.fp8='none'")
 
 
-def use_fp8(model: nn.Module, which: str, fast_accum: bool = False, rowwise: bool = False) -> None:
+def use_fp8(model: nn.Module, which: str, fast_accum: bool = False, rowwise: bool = False,
+            gelu_kernel: bool = False) -> None:
     """Swap the chosen Linears' class in place: 'lm_head' (the largest matmul, as modded-nanogpt), 'blocks'
     (every Linear but the head) or 'all'. Under train.loss_chunks the chunked loss computes the head and reads
     the swap: an FP8Linear head makes its three matmuls FP8 too, with per-tensor scales whatever `rowwise` says
@@ -121,4 +167,4 @@ def use_fp8(model: nn.Module, which: str, fast_accum: bool = False, rowwise: boo
         head = name == "lm_head"
         if type(module) is nn.Linear and (which == "all" or (which == "blocks") != head):
             module.__class__ = FP8Linear
-            module.fast_accum, module.rowwise = fast_accum, rowwise
+            module.fast_accum, module.rowwise, module.gelu_kernel = fast_accum, rowwise, rowwise and gelu_kernel

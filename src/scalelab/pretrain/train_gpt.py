@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from scalelab.pretrain.chunked_ce import chunked_cross_entropy
 from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config, peak_flops, save_config
-from scalelab.pretrain.fp8 import FP8Linear, require_fp8, use_fp8
+from scalelab.pretrain.fp8 import FP8Linear, require_fp8, row_mlp, use_fp8
 from scalelab.pretrain.muon import build_muon_adamw
 from scalelab.pretrain.shards import StreamPosition, TokenStream, list_shards, manifest_hash, read_header
 
@@ -60,6 +60,8 @@ class MLP(nn.Module):
         self.c_proj.residual_scale = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if getattr(self.c_fc, "gelu_kernel", False):  # train.fp8_gelu_kernel: GELU fused with its FP8 casts
+            return row_mlp(x, self.c_fc, self.c_proj)
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2 uses the tanh approximation
 
 
@@ -365,7 +367,8 @@ def build(cfg: PretrainConfig, world: int, device: torch.device):
     model = GPT(cfg.model, cfg.train.loss_chunks, cfg.train.loss_kernel).to(device)
     if cfg.train.fp8 != "none":
         require_fp8(device)
-        use_fp8(model, cfg.train.fp8, cfg.train.fp8_fast_accum, cfg.train.fp8_scaling == "row")
+        use_fp8(model, cfg.train.fp8, cfg.train.fp8_fast_accum, cfg.train.fp8_scaling == "row",
+                cfg.train.fp8_gelu_kernel)
     if device.type == "cuda" and cfg.train.attention != "auto":  # keep only the chosen SDPA kernel
         for kind in ("cudnn", "flash", "mem_efficient", "math"):
             getattr(torch.backends.cuda, f"enable_{kind}_sdp")(kind.endswith(cfg.train.attention))

@@ -1,0 +1,129 @@
+"""Triton kernels for the per-row FP8 MLP (train.fp8_gelu_kernel): GELU and its gradient, each fused with the
+per-row FP8 cast of its output, one pass over each row.
+
+Compiled, the GELU + row amax + cast is a reduction that Inductor runs as two passes over 3,072-wide rows
+(48.6 ms of an 877 ms step, and 60.9 ms for the gradient side, in
+results/h200/pretrain_profile/profile_fp8row_all_chunks8_b128_tk_fast_biasgemm.json); here a program holds its
+row in registers, so h is read once and a, a8 and the row's scale are written once.
+
+FP8 and bf16 values are rounded to nearest-even in integer arithmetic (fp8_codes, _bf16), which the GPU and
+Triton's CPU interpreter execute alike (the interpreter's own float8 and bf16 casts do not round to nearest), so
+the CPU tests check the kernels' bytes against torch's casts.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs without triton: the trainer imports; the kernels are refused when asked for
+    triton = tl = None
+
+E4M3_MAX, E5M2_MAX = 448.0, 57344.0
+GELU_K = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of GELU (Hendrycks & Gimpel 2016)
+
+
+def fp8_codes(x, E5M2: tl.constexpr):
+    """x (fp32, |x| <= the format's max) -> e5m2 or e4m3fn codes as uint8, rounded to nearest-even in integers.
+    Normal numbers: re-bias fp32's exponent and drop 21 (e5m2) or 20 (e4m3) mantissa bits, a carry moving into
+    the exponent. Below the smallest normal: through fp16, of which e5m2 is the high byte and e4m3 (after 2^-8)
+    the high byte but one; rounding twice there can miss by one code, only for those tiny values."""
+    v = tl.abs(x)
+    b = v.to(tl.int32, bitcast=True)
+    if E5M2:
+        c = b - (112 << 23)
+        normal = (c + 0xFFFFF + ((c >> 21) & 1)) >> 21
+        h = v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
+        code = tl.where(v < 6.103515625e-05, (h + 0x7F + ((h >> 8) & 1)) >> 8, normal)  # 2^-14
+    else:
+        c = b - (120 << 23)
+        normal = (c + 0x7FFFF + ((c >> 20) & 1)) >> 20
+        h = (v * 0.00390625).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
+        code = tl.where(v < 0.015625, (h + 0x3F + ((h >> 7) & 1)) >> 7, normal)  # 2^-6
+        code = tl.minimum(code, 0x7E)  # 0x7E = 448; 0x7F is e4m3fn's NaN
+    sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
+    return (sign | code).to(tl.uint8)
+
+
+def _bf16(x):
+    """x fp32 -> bf16, round to nearest-even in integers (bf16 is fp32's high half), as the GPU's cast does;
+    Triton's CPU interpreter truncates instead."""
+    bits = x.to(tl.int32, bitcast=True)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+def _sigmoid2(h, K: tl.constexpr):
+    """s = sigmoid(2z), z = K(h + 0.044715 h^3): 1 + tanh(z) = 2s and 1 - tanh(z)^2 = 4s(1 - s), so neither GELU
+    nor its gradient subtracts nearly equal numbers where tanh(z) is close to -1 (h very negative)."""
+    return tl.sigmoid(2.0 * K * (h + 0.044715 * h * h * h))
+
+
+def _row_cast(y, out_ptr, out8_ptr, inv_ptr, row, offs, mask, FP8_MAX: tl.constexpr, E5M2: tl.constexpr):
+    """Store y as bf16, and its e4m3/e5m2 codes with the row's 1/scale; the scale comes from the bf16 values,
+    as fp8.quantize_rows computes it from a bf16 tensor."""
+    yb = _bf16(y)
+    tl.store(out_ptr + offs, yb, mask=mask)
+    yf = yb.to(tl.float32)
+    scale = FP8_MAX / tl.maximum(tl.max(tl.abs(yf), 0), 1e-12)
+    tl.store(out8_ptr + offs, fp8_codes(yf * scale, E5M2), mask=mask)
+    tl.store(inv_ptr + row, 1.0 / scale)
+
+
+def _gelu_rows(h_ptr, a_ptr, a8_ptr, inv_ptr, N: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr):
+    """a = gelu_tanh(h) per row, with its e4m3 row cast (the next GEMM's input)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    h = tl.load(h_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    a = h * _sigmoid2(h, K)  # 0.5 h (1 + tanh(z))
+    _row_cast(a, a_ptr, a8_ptr, inv_ptr, row, row * N + cols, mask, 448.0, False)  # E4M3_MAX
+
+
+def _gelu_grad_rows(da_ptr, h_ptr, gh_ptr, gh8_ptr, inv_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
+                    K: tl.constexpr):
+    """gh = da * gelu_tanh'(h) per row, with its e5m2 row cast (the input-gradient GEMM's input)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    h = tl.load(h_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    da = tl.load(da_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    s = _sigmoid2(h, K)
+    d = s + 2.0 * h * s * (1.0 - s) * K * (1.0 + 3.0 * 0.044715 * h * h)  # d/dh of 0.5 h (1 + tanh(z))
+    _row_cast(da * d, gh_ptr, gh8_ptr, inv_ptr, row, row * N + cols, mask, 57344.0, True)  # E5M2_MAX
+
+
+if triton is not None:  # module-level kernels torch.compile can place in its graph; helpers inline into them
+    fp8_codes, _bf16, _sigmoid2 = triton.jit(fp8_codes), triton.jit(_bf16), triton.jit(_sigmoid2)
+    _row_cast = triton.jit(_row_cast)
+    _GELU_ROWS, _GELU_GRAD_ROWS = triton.jit(_gelu_rows), triton.jit(_gelu_grad_rows)
+
+
+def _launch(kernel, inputs: list[torch.Tensor], e5m2: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if triton is None:
+        raise RuntimeError("train.fp8_gelu_kernel needs the triton package (CUDA builds of torch bring it)")
+    x = inputs[0]
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(f"train.fp8_gelu_kernel runs on CUDA, not on {x.device} (TRITON_INTERPRET=1 interprets "
+                           "it, slowly)")
+    if any(t.dim() != 2 or not t.is_contiguous() for t in inputs):
+        raise ValueError("the FP8 GELU kernels take contiguous (rows, features) tensors")
+    rows, n = x.shape
+    out = torch.empty(rows, n, dtype=torch.bfloat16, device=x.device)
+    out8 = torch.empty(rows, n, dtype=torch.uint8, device=x.device)
+    inv = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    kernel[(rows,)](*inputs, out, out8, inv, N=n, BLOCK=triton.next_power_of_2(n), K=GELU_K)
+    return out, out8.view(torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn), inv
+
+
+def gelu_rows(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(a bf16, a8 e4m3, 1/scale (rows, 1)) for a = gelu_tanh(h), h (rows, features)."""
+    return _launch(_GELU_ROWS, [h], e5m2=False)
+
+
+def gelu_grad_rows(da: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(gh bf16, gh8 e5m2, 1/scale (rows, 1)) for gh = da * gelu_tanh'(h)."""
+    return _launch(_GELU_GRAD_ROWS, [da, h], e5m2=True)
