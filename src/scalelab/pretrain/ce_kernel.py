@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from scalelab.pretrain.fp8_kernels import fp8_codes
+from scalelab.pretrain.fp8_kernels import E5M2_MAX, fp8_codes
 
 try:
     import triton
@@ -56,9 +56,6 @@ def _ce_rows(logits_ptr, stride, targets_ptr, loss_ptr, lse_ptr, inv_n, VOCAB: t
             g = tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)
             g = tl.where(cols < VOCAB, g * inv_n, 0.0)
             tl.store(ptr + cols, g.to(logits_ptr.dtype.element_ty), mask=inside)
-
-
-E5M2_MAX = 57344.0  # torch.finfo(torch.float8_e5m2).max
 
 
 def _ce_grad_e5m2(logits_ptr, stride, lse_ptr, targets_ptr, g8_ptr, g8t_ptr, rows, VOCAB: tl.constexpr,

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from scalelab.pretrain.ce_kernel import E5M2_MAX, cross_entropy_rows_, cross_entropy_rows_e5m2
+from scalelab.pretrain.ce_kernel import cross_entropy_rows_, cross_entropy_rows_e5m2
 from scalelab.pretrain.fp8 import E4M3, E5M2, mm8, quantize
+from scalelab.pretrain.fp8_kernels import E5M2_MAX
 
 
 def _compute_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:

@@ -23,7 +23,7 @@ try:
 except ImportError:  # CPU installs without triton: the trainer imports; the kernels are refused when asked for
     triton = tl = None
 
-E4M3_MAX, E5M2_MAX = 448.0, 57344.0
+E4M3_MAX, E5M2_MAX = 448.0, 57344.0  # torch.finfo(torch.float8_e4m3fn / float8_e5m2).max
 GELU_K = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of GELU (Hendrycks & Gimpel 2016)
 
 
