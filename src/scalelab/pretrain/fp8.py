@@ -76,7 +76,7 @@ class _FP8RowMatmul(torch.autograd.Function):
         (x8, sx), (w8, sw) = quantize_rows(x, E4M3), quantize_rows(w, E4M3)  # x (M, K), w (N, K), b (N,)
         ctx.save_for_backward(x.to(torch.bfloat16), w)  # y and so g are bf16: the weight gradient's precision
         ctx.x_dtype, ctx.b_dtype = x.dtype, None if b is None else b.dtype
-        return mm8(x8, sx, w8.t(), sw.t(), torch.bfloat16, fast_accum, None if b is None else b.to(torch.bfloat16))
+        return mm8(x8, sx, w8.t(), sw.t(), torch.bfloat16, fast_accum, _bf16(b))
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):  # g (M, N)
