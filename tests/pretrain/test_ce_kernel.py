@@ -3,28 +3,18 @@ in a pytest subprocess, since TRITON_INTERPRET must be set before triton is impo
 on CPU without it."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
 from scalelab.pretrain import ce_kernel  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.pretrain.interpreted import run_interpreted  # noqa: E402
 
 
 def test_kernel_cases_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "tests/pretrain/ce_kernel_cases.py"], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "8 passed" in run.stdout  # every case ran: none skipped or deselected
+    out = run_interpreted("tests/pretrain/ce_kernel_cases.py")
+    assert "8 passed" in out  # every case ran: none skipped or deselected
 
 
 def test_kernel_refuses_cpu_without_the_interpreter(monkeypatch):

@@ -3,11 +3,6 @@ in a pytest subprocess, since TRITON_INTERPRET must be set before triton is impo
 CPU without it, and the config rules."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,18 +11,13 @@ pytest.importorskip("triton")
 from scalelab.core.config import ConfigError  # noqa: E402
 from scalelab.pretrain import fp8_kernels  # noqa: E402
 from scalelab.pretrain.config import load_pretrain_config  # noqa: E402
+from tests.pretrain.interpreted import run_interpreted  # noqa: E402
 from tests.pretrain.test_train_gpt import TINY  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_kernel_cases_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "tests/pretrain/fp8_kernel_cases.py"], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "5 passed" in run.stdout  # every case ran: none skipped or deselected
+    out = run_interpreted("tests/pretrain/fp8_kernel_cases.py")
+    assert "5 passed" in out  # every case ran: none skipped or deselected
 
 
 def test_kernels_refuse_cpu_without_the_interpreter(monkeypatch):

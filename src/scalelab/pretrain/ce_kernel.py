@@ -13,22 +13,13 @@ tiled kernel reads the logits again and writes the gradient as e5m2 at its stati
 transposed: the layouts cuBLAS's FP8 GEMMs want for d/dh and d/dW. That replaces the in-place bf16 write, the
 cast to e5m2 and its transposed copy, one Inductor kernel of 0.88 ms per 16k x 50k chunk (28 ms of an 877 ms
 step in results/h200/pretrain_profile/profile_fp8row_all_chunks8_b128_tk_fast_biasgemm.json).
-
-Without the triton package (CPU-only installs) the trainer still imports; asking for the kernel is an error.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 
 from scalelab.pretrain.fp8_kernels import E5M2_MAX, fp8_codes
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU installs without triton: the trainer imports; the kernel is refused when asked for
-    triton = tl = None
+from scalelab.pretrain.triton_support import require_triton, tl, triton
 
 
 def _ce_rows(logits_ptr, stride, targets_ptr, loss_ptr, lse_ptr, inv_n, VOCAB: tl.constexpr,
@@ -76,18 +67,13 @@ def _ce_grad_e5m2(logits_ptr, stride, lse_ptr, targets_ptr, g8_ptr, g8t_ptr, row
     tl.store(g8t_ptr + c[None, :].to(tl.int64) * rows + r[:, None], byte, mask=inside)
 
 
-# jitted at import, as module-level kernels torch.compile can place in its graph; TRITON_INTERPRET=1 must be set
-# before this import to interpret them on CPU (Triton wraps its own library functions when it is imported)
+# jitted at import, as module-level kernels torch.compile can place in its graph (triton_support.py: the interpreter)
 _CE_ROWS = triton.jit(_ce_rows) if triton is not None else None
 _CE_GRAD_E5M2 = triton.jit(_ce_grad_e5m2) if triton is not None else None
 
 
 def _check(logits: torch.Tensor) -> None:
-    if _CE_ROWS is None:
-        raise RuntimeError("train.loss_kernel='triton' needs the triton package (CUDA builds of torch bring it)")
-    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"train.loss_kernel='triton' runs on CUDA, not on {logits.device}; use "
-                           "train.loss_kernel='torch' (or TRITON_INTERPRET=1 to interpret the kernel, slowly)")
+    require_triton(logits, "train.loss_kernel='triton'", "train.loss_kernel='torch'")
     if logits.stride(1) != 1:
         raise ValueError("the loss kernel needs logits with contiguous rows")
 

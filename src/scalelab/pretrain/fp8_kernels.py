@@ -13,15 +13,10 @@ the CPU tests check the kernels' bytes against torch's casts.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU installs without triton: the trainer imports; the kernels are refused when asked for
-    triton = tl = None
+from scalelab.pretrain.triton_support import require_triton, tl, triton
 
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0  # torch.finfo(torch.float8_e4m3fn / float8_e5m2).max
 GELU_K = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of GELU (Hendrycks & Gimpel 2016)
@@ -103,12 +98,8 @@ if triton is not None:  # module-level kernels torch.compile can place in its gr
 
 
 def _launch(kernel, inputs: list[torch.Tensor], e5m2: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if triton is None:
-        raise RuntimeError("train.fp8_gelu_kernel needs the triton package (CUDA builds of torch bring it)")
     x = inputs[0]
-    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"train.fp8_gelu_kernel runs on CUDA, not on {x.device} (TRITON_INTERPRET=1 interprets "
-                           "it, slowly)")
+    require_triton(x, "train.fp8_gelu_kernel", "train.fp8_gelu_kernel=false")
     if any(t.dim() != 2 or not t.is_contiguous() for t in inputs):
         raise ValueError("the FP8 GELU kernels take contiguous (rows, features) tensors")
     rows, n = x.shape
