@@ -58,7 +58,7 @@ def test_chunked_loss_with_the_kernel_equals_plain(chunks):
     h, w, t = inputs(7)
     ref = plain_loss(h, w, t)
     gh, gw = torch.autograd.grad(ref, (h, w))
-    out = chunked_cross_entropy(h, w, t, chunks, V, kernel=True)
+    out = chunked_cross_entropy(h, w, t, chunks, V, kernel="triton")
     ch, cw = torch.autograd.grad(out, (h, w))
     assert out.item() == pytest.approx(ref.item(), rel=1e-5)
     assert rel(ch, gh) < 1e-5 and rel(cw, gw) < 1e-5 and torch.count_nonzero(cw[V:]) == 0
@@ -88,7 +88,7 @@ def test_fp8_chunked_loss_with_the_e5m2_kernel_equals_the_fp8_torch_path(chunks)
     h, w, t = inputs(8)
     ref = chunked_cross_entropy(h, w, t, chunks, V, fp8=True)          # torch ops, then quantize at the same scale
     gh, gw = torch.autograd.grad(ref, (h, w))
-    out = chunked_cross_entropy(h, w, t, chunks, V, fp8=True, kernel_e5m2=True)
+    out = chunked_cross_entropy(h, w, t, chunks, V, fp8=True, kernel="triton-e5m2")
     ch, cw = torch.autograd.grad(out, (h, w))
     assert out.item() == pytest.approx(ref.item(), rel=1e-6)
     fp8_error = rel(ch, torch.autograd.grad(plain_loss(h, w, t), h)[0])  # both are FP8 gradients: ~3% from fp32

@@ -51,6 +51,12 @@ def test_chunked_scales_by_the_incoming_gradient():
     assert rel(g_out, g_ref) < 1e-5
 
 
+def test_chunked_refuses_an_unknown_kernel():
+    h, w, t = inputs(1)
+    with pytest.raises(ValueError, match="kernel='cuda'.*'triton-e5m2'"):
+        chunked_cross_entropy(h, w, t, 4, V, kernel="cuda")
+
+
 def test_chunked_under_no_grad_is_the_same_loss():
     h, w, t = inputs(2)
     with torch.no_grad():

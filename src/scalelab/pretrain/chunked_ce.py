@@ -22,6 +22,8 @@ from scalelab.pretrain.ce_kernel import cross_entropy_rows_, cross_entropy_rows_
 from scalelab.pretrain.fp8 import E4M3, E5M2, mm8, quantize
 from scalelab.pretrain.fp8_kernels import E5M2_MAX
 
+KERNELS = ("torch", "triton", "triton-e5m2")  # train.loss_kernel's values
+
 
 def _compute_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype the head matmul would run in: autocast's when it is on (bf16 on GPU), else the input's."""
@@ -84,13 +86,13 @@ class _Fp8Head:
 
 
 def _loss_and_grad(logits: torch.Tensor, tc: torch.Tensor, cols: torch.Tensor, vocab_size: int, n: int,
-                   want_grad: bool, kernel: bool, e5m2: bool) -> tuple[torch.Tensor, torch.Tensor | tuple | None]:
+                   want_grad: bool, kernel: str, fp8: bool) -> tuple[torch.Tensor, torch.Tensor | tuple | None]:
     """(sum of the chunk's row losses, d(mean loss)/d(logits) or None) for logits (rows, Vp) from the head; with
-    e5m2 (an FP8 head) the gradient comes from the kernel as (g8, g8t) at _Fp8Head's static scale."""
-    if e5m2 and want_grad:  # the kernel writes e5m2 in both layouts: no bf16 gradient, cast or copy
+    kernel 'triton-e5m2' and an FP8 head the gradient comes as (g8, g8t) at _Fp8Head's static scale."""
+    if kernel == "triton-e5m2" and fp8 and want_grad:  # the kernel writes e5m2 in both layouts: no bf16 gradient, cast or copy
         loss, g8, g8t = cross_entropy_rows_e5m2(logits, tc, vocab_size)
         return loss.sum(), (g8, g8t)
-    if kernel:  # the Triton kernel: the gradient replaces the logits in place (ce_kernel.py)
+    if kernel != "torch":  # the Triton kernel: the gradient replaces the logits in place (ce_kernel.py)
         return cross_entropy_rows_(logits, tc, vocab_size, 1.0 / n, want_grad).sum(), logits if want_grad else None
     # pointwise from here on, so torch.compile fuses each line into one pass over the chunk
     logits = logits.float().masked_fill(cols >= vocab_size, float("-inf"))
@@ -108,7 +110,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, targets, n_chunks: int, vocab_size: int, dtype: torch.dtype, want_grad: bool,
-                fp8: bool, fast_accum: bool, kernel: bool, kernel_e5m2: bool):
+                fp8: bool, fast_accum: bool, kernel: str):
         # h (N, C) float; weight (Vp, C); targets (N,) int64. Matmuls in `dtype` (or FP8), softmax in fp32, like the
         # plain path (bf16 autocast matmul, then logits.float()).
         n = h.size(0)
@@ -121,8 +123,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             rows = -(-n // n_chunks)                                 # ceil: torch.chunk's split
             for s in range(0, n, rows):
                 hc, tc = mm.rows(h[s:s + rows]), targets[s:s + rows]
-                chunk_loss, g = _loss_and_grad(mm.logits(hc), tc, cols, vocab_size, n, want_grad, kernel,
-                                               fp8 and kernel_e5m2)
+                chunk_loss, g = _loss_and_grad(mm.logits(hc), tc, cols, vocab_size, n, want_grad, kernel, fp8)
                 loss += chunk_loss
                 if not want_grad:
                     continue
@@ -137,21 +138,23 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_out, (grad_w * grad_out).to(ctx.weight_dtype), *[None] * 9
+        return grad_h * grad_out, (grad_w * grad_out).to(ctx.weight_dtype), *[None] * 8
 
 
 def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, n_chunks: int,
                           vocab_size: int, fp8: bool = False, fast_accum: bool = False,
-                          kernel: bool = False, kernel_e5m2: bool = False) -> torch.Tensor:
+                          kernel: str = "torch") -> torch.Tensor:
     """Mean cross-entropy of logits h @ weight.T (first vocab_size columns) against targets, never holding more
     than one chunk of logits. h (B, T, C), weight (Vp, C), targets (B, T) -> scalar; same value and gradients as
     F.cross_entropy(F.linear(h, weight)[..., :vocab_size].float().view(-1, vocab_size), targets.view(-1)).
     fp8: the head's matmuls in FP8 (fp8.py), as an FP8Linear head would be; fast_accum for its forward GEMM.
-    kernel: each chunk's loss and gradient in one Triton kernel (ce_kernel.py) rather than compiled torch ops.
-    kernel_e5m2: with fp8, the kernel writes the logit gradient as e5m2 itself, in both layouts the two gradient
-    GEMMs want (ce_kernel.cross_entropy_rows_e5m2), instead of bf16 that is then cast and transposed."""
+    kernel (train.loss_kernel): 'torch' (compiled torch ops), 'triton' (each chunk's loss and gradient in one Triton
+    kernel, ce_kernel.py) or 'triton-e5m2' (with fp8, that kernel writes the logit gradient as e5m2 itself, in both
+    layouts the two gradient GEMMs want, instead of bf16 that is then cast and transposed)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"chunked_cross_entropy: kernel={kernel!r}, expected one of {KERNELS}")
     h2, t = h.reshape(-1, h.size(-1)), targets.reshape(-1)
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     dtype = _compute_dtype(h.device.type, h.dtype)
     return _ChunkedLinearCrossEntropy.apply(h2, weight, t, n_chunks, vocab_size, dtype, want_grad, fp8, fast_accum,
-                                            kernel or kernel_e5m2, kernel_e5m2)
+                                            kernel)

@@ -124,8 +124,7 @@ class GPT(nn.Module):
             fp8 = isinstance(self.lm_head, FP8Linear)  # train.fp8 'lm_head'/'all': the chunks' matmuls in FP8
             return None, chunked_cross_entropy(self.transformer.ln_f(x), self.lm_head.weight, targets,
                                                self.loss_chunks, self.cfg.vocab_size, fp8,
-                                               getattr(self.lm_head, "fast_accum", False),
-                                               self.loss_kernel == "triton", self.loss_kernel == "triton-e5m2")
+                                               getattr(self.lm_head, "fast_accum", False), self.loss_kernel)
         logits = self.lm_head(self.transformer.ln_f(x))[..., : self.cfg.vocab_size]
         if targets is None:
             return logits, None
