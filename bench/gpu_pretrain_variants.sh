@@ -17,6 +17,7 @@
 #   cudnn-fp8-all-autotune / cudnn-fp8-all-graphs (train.compile_mode: autotuned kernels, then CUDA graphs too;
 #   autotuning compiles for minutes: raise VARIANT_TIMEOUT). A name "_" holds a place in the round-robin and runs
 #   nothing: GPUS="0 1" ... plain cudnn-fp8-all-autotune cudnn-fp8-all _ puts both short ones on GPU 0.
+#   Data on the device machine: carry .gpu-data/z, `bash bench/gpu_data.sh unpack /tmp/d`, then DATA=/tmp/d.
 set -uo pipefail
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; STEPS=${STEPS:-12}; DATA=${DATA:-.gpu-data/sharegpt}

@@ -13,7 +13,7 @@ import pytest
 from scalelab.core.config import ConfigError, load_config
 from scalelab.pretrain.prepare import (UNIGRAM_COUNTS_FILE, PrepareConfig, add_prepare_arguments, prepare,
                                        run_prepare_from_args, unigram_baseline, unigram_cross_entropy)
-from scalelab.pretrain.shards import list_shards, manifest_hash, read_shard, write_shard
+from scalelab.pretrain.shards import ShardError, list_shards, manifest_hash, read_shard, verify_shards, write_shard
 from scalelab.pretrain.sources import SourceError, split_of, text_key
 from scalelab.pretrain.tokenizer import EOT, gpt2_encoding
 
@@ -68,6 +68,22 @@ def test_manifest_file(tmp_path):
                                   "sha256": manifest.shards[0].sha256}]
     roundtrip = json.loads((tmp_path / "out" / "tokenizer_roundtrip.json").read_text())
     assert roundtrip["all_ok"] and roundtrip["cases"][0]["name"] == "english_page"
+
+
+def test_verify_shards_checks_each_file_against_the_manifest(tmp_path):
+    cfg = _cfg(tmp_path, _jsonl(tmp_path / "d.jsonl", ["one doc", "two docs here", "three"]), val_fraction=0.0,
+               shard_tokens=4)
+    manifest, out = prepare(cfg), tmp_path / "out"
+    assert len(manifest.shards) == 3 and verify_shards(out) == manifest.tokens["train"] == 9  # 3 + 4 + 2 with EOTs
+    shard = out / "train_000001.bin"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1  # one flipped bit in a token: the header still checks out, the hash does not
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match="train_000001.bin: sha256 .* differs from the manifest"):
+        verify_shards(out)
+    (out / "manifest.json").write_text("{}")
+    with pytest.raises(ShardError, match="manifest.json: not a prepare manifest"):
+        verify_shards(out)
 
 
 def _numbered_docs(n: int) -> list[str]:

