@@ -1,4 +1,4 @@
-"""Cases for ce_kernel.py run by Triton's interpreter on CPU; test_ce_kernel.py runs this file in a pytest
+"""Cases for ce_kernel.py run by Triton's interpreter on CPU; test_triton_kernels.py runs this file in a pytest
 subprocess with TRITON_INTERPRET=1, which must be set before triton is first imported (its library functions
 are wrapped at import). Per-row loss and the in-place gradient equal the torch formulas, padded columns stay
 out, and the chunked loss gives the same loss and gradients with the kernel as without."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/pretrain/test_ce_kernel.py"
+assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/pretrain/test_triton_kernels.py"
 
 from scalelab.pretrain import ce_kernel  # noqa: E402
 from scalelab.pretrain.chunked_ce import chunked_cross_entropy  # noqa: E402

@@ -1,4 +1,4 @@
-"""Cases for fp8_kernels.py run by Triton's interpreter on CPU; test_fp8_kernels.py runs this file in a pytest
+"""Cases for fp8_kernels.py run by Triton's interpreter on CPU; test_triton_kernels.py runs this file in a pytest
 subprocess with TRITON_INTERPRET=1 (set before triton is first imported). FP8 codes equal torch's casts, GELU
 and its gradient match float64 within bf16 rounding, and the fused MLP matches the per-row FP8 Linears."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/pretrain/test_fp8_kernels.py"
+assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/pretrain/test_triton_kernels.py"
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
