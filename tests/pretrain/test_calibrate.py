@@ -250,6 +250,7 @@ def test_docs_are_generated_from_the_results(tmp_path):
     assert "| triton | 221 | 416 | 288 |" in text and "ends -0.0165 off in val loss (within 0.02: yes)" in text
     assert "one slow kernel (130 ms/step)" in text and "7.59 ms in bf16, 4.79 in per-tensor FP8" in text
     assert "added 1.3%" in text   # 605,395 / 597,377 in the same call
+    assert "forecasts 655k tokens/s with both (639k–663k)" in text  # results/h200/pretrain_kernel_forecast.json
     check = c["loss_ladder"]["checks"][0]                                              # the 350M ladder check
     assert f"measured **{check['measured']:.3f}**: inside the interval" in text and check["inside_interval"]
     held = {h["split"]: h["max_abs_error"] for h in c["loss_ladder"]["held_out"]}   # the ladder, scored

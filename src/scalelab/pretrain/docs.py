@@ -40,6 +40,7 @@ class DocInputs:
     variants2: dict | None          # the second round of throughput variants, when committed
     variants3: dict | None          # the third round, with its profiles (docs_speed.load)
     variants4: dict | None          # the fourth round, with its profiles and GEMM table
+    forecast: dict | None           # bench/pretrain_kernel_forecast.py: the next kernels' step time, before running
     recipe: PretrainConfig
     demo: dict | None               # the CPU demo's results.json, when the run folder exists
     figures: tuple[tuple[str, str], ...] = ()   # (name, relative path) written beside the Markdown
@@ -51,7 +52,7 @@ def load_inputs(repo: Path) -> DocInputs:
                      session1=read_json(repo / S1), session2=read_json(repo / S2),
                      variants=read_json(repo / VARIANTS), ladder=optional(LADDER), ttt=optional(docs_loss.TTT),
                      variants2=optional(VARIANTS2), variants3=docs_speed.load(repo),
-                     variants4=docs_speed.load(repo, docs_speed.VARIANTS4),
+                     variants4=docs_speed.load(repo, docs_speed.VARIANTS4), forecast=optional(docs_speed.FORECAST),
                      recipe=load_pretrain_config(repo / RECIPE),
                      demo=optional(f"{DEMO}/results.json"))
 
@@ -226,7 +227,7 @@ def _variants(d: DocInputs) -> list[str]:
             f"seed and data order) ends {q['final_val_diff']:+.4f} off in val loss; the chunked loss computes the "
             "same loss exactly.", "", *docs_speed.quality_sentence(d.variants3, d.variants4),
             f"**Verdict: {_latest(d)['verdict']}.**", "", *_next_steps(d),
-            *docs_speed.profile_section(d.variants3, d.variants4)]
+            *docs_speed.profile_section(d.variants3, d.variants4, d.forecast)]
 
 
 def _variants_notes(d: DocInputs) -> list[str]:

@@ -10,6 +10,7 @@ from scalelab.core.jsonio import read_json
 
 VARIANTS3 = "results/h200/pretrain_variants_round3.json"
 VARIANTS4 = "results/h200/pretrain_variants_round4.json"
+FORECAST = "results/h200/pretrain_kernel_forecast.json"
 HEAD_ONLY = "cudnn-fp8-head-chunks8-b128-tk"  # FP8 in the chunked head only: what FP8 in the blocks adds
 
 
@@ -50,7 +51,7 @@ def _profile_table(doc: dict) -> list[str]:
     return rows
 
 
-def profile_section(v3: dict | None, v4: dict | None = None) -> list[str]:
+def profile_section(v3: dict | None, v4: dict | None = None, forecast: dict | None = None) -> list[str]:
     doc = v4 or v3
     if doc is None:
         return []
@@ -59,7 +60,7 @@ def profile_section(v3: dict | None, v4: dict | None = None) -> list[str]:
             f"Two profiled steps per recipe (`bench/gpu_pretrain_profile.py`, round {'4' if v4 else '3'}; `triton`: "
             "Inductor's fused kernels):", "", *_profile_table(doc), "",
             f"The GPU is busy at least {100 * busy:.1f}% of the wall clock, so the host is not the limit. "
-            + (_reading4(v4) if v4 else _reading3(v3)), ""]
+            + (_reading4(v4, forecast) if v4 else _reading3(v3)), ""]
 
 
 def _reading3(v3: dict) -> str:
@@ -78,14 +79,12 @@ def _goal(doc: dict) -> str:
     return f"650k tokens/s needs a {524288 / 650e3 * 1000:.0f} ms step ({650e3 / plain:.2f}x plain)."
 
 
-def _reading4(v4: dict) -> str:
+def _reading4(v4: dict, forecast: dict | None) -> str:
     prof = v4["profiles"]
     head, before, after = (prof[k]["summary"] for k in ("call2_head", "call2_row", "call3_row"))
     fused = max((k for k in before["top_kernels"] if "sum" in k["name"] and "amax" in k["name"]),
                 key=lambda k: k["ms_per_step"])
     block = v4["gemm"]["summary"]["per_block_ms"]
-    looped = sum(k["ms_per_step"] for k in after["top_kernels"]
-                 if k["name"].startswith("triton_red_") and "amax" in k["name"])
     return (f"With FP8 in the head alone, bf16 block GEMMs dominate ({head['ms_per_step_by_kind']['gemm']:.0f} of "
             f"{head['wall_ms_per_step']:.0f} ms). Timed alone (`bench/gpu_fp8_gemm.py`), a block's twelve GEMMs take "
             f"{block['bf16_ms']:.2f} ms in bf16, {block['fp8_tensor_ms']:.2f} in per-tensor FP8 and "
@@ -96,9 +95,22 @@ def _reading4(v4: dict) -> str:
             f"({fused['ms_per_step']:.0f} ms/step); with the bias in the GEMM epilogue and its gradient as a GEMM the "
             f"step fell from {before['wall_ms_per_step']:.0f} to {after['wall_ms_per_step']:.0f} ms, and multi-kernel "
             f"reductions (`train.compile_multi_kernel`) added {100 * (_mk_gain(v4) - 1):.1f}%. " + _goal(v4)
-            + f" Left: per-row casts that read their rows twice ({looped:.0f} ms before multi-kernel), FP8 weight "
-            "gradients with a fused cast-transpose, attention "
-            f"({after['ms_per_step_by_kind']['attention']:.0f} ms).")
+            + " " + (_forecast(forecast) if forecast else _left(after)))
+
+
+def _left(after: dict) -> str:
+    looped = sum(k["ms_per_step"] for k in after["top_kernels"]
+                 if k["name"].startswith("triton_red_") and "amax" in k["name"])
+    return (f"Left: per-row casts that read their rows twice ({looped:.0f} ms before multi-kernel), FP8 weight "
+            f"gradients with a fused cast-transpose, attention ({after['ms_per_step_by_kind']['attention']:.0f} ms).")
+
+
+def _forecast(f: dict) -> str:
+    """The kernels built after the round, with the step time forecast for them before they run."""
+    both = next(v["tokens_per_s"] for k, v in f["forecasts"].items() if "tk8" in k and k.endswith("-gk"))
+    return ("Not yet run: `train.loss_kernel=\"triton-e5m2\"` and `train.fp8_gelu_kernel`; "
+            f"`bench/pretrain_kernel_forecast.py` forecasts {thousands(both['centre'])} tokens/s with both "
+            f"({thousands(both['low'])}–{thousands(both['high'])}).")
 
 
 def _mk_gain(v4: dict) -> float:
