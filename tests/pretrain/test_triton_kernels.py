@@ -1,7 +1,7 @@
 """The Triton kernels on CPU: ce_kernel.py (train.loss_kernel='triton'*) and fp8_kernels.py (train.fp8_gelu_kernel).
 Their cases (*_kernel_cases.py) run under Triton's interpreter in a pytest subprocess, since TRITON_INTERPRET must be
 set before triton is first imported (it wraps its own library functions at import); here, too, the refusal to run on
-CPU without the interpreter, and the GELU kernel's config rule."""
+CPU without the interpreter, their compilation for Hopper, and the GELU kernel's config rule."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from scalelab.core.config import ConfigError  # noqa: E402
 from scalelab.pretrain import ce_kernel, fp8_kernels  # noqa: E402
@@ -41,6 +41,35 @@ def test_kernels_refuse_cpu_without_the_interpreter(monkeypatch, launch, message
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match=message):
         launch()
+
+
+# (kernel, signature, compile-time constants) at the 124M recipe's shapes: pointers, then scalars, then constexprs
+HOPPER_CASES = {
+    "gelu_rows": (lambda: fp8_kernels._GELU_ROWS, "*bf16 *bf16 *u8 *fp32", {"N": 3072, "BLOCK": 4096, "K": 0.8}),
+    "gelu_grad_rows": (lambda: fp8_kernels._GELU_GRAD_ROWS, "*bf16 *bf16 *bf16 *u8 *fp32",
+                       {"N": 3072, "BLOCK": 4096, "K": 0.8}),
+    "ce_rows": (lambda: ce_kernel._CE_ROWS, "*bf16 i64 *i64 *fp32 *fp32 fp32",
+                {"VOCAB": 50257, "PADDED": 50304, "WANT_GRAD": True, "BLOCK": 4096}),
+    "ce_grad_e5m2": (lambda: ce_kernel._CE_GRAD_E5M2, "*bf16 i64 *fp32 *i64 *u8 *u8 i32",
+                     {"VOCAB": 50257, "PADDED": 50304, "SCALE": 57344.0, "BR": 64, "BV": 128}),
+}
+
+
+@pytest.mark.parametrize("name", HOPPER_CASES)
+def test_kernels_compile_for_hopper(name):
+    """Triton compiles for sm_90 with its own ptxas, no GPU needed: what the CPU interpreter cannot check (types
+    the compiler refuses, layouts it cannot lower) fails here, before any GPU time. Given the launch's
+    specialization of 16-divisible pointers and strides, the row loads must come out as 16-byte vector loads."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    get, types, constants = HOPPER_CASES[name]
+    kernel = get()
+    args = [a for a in kernel.arg_names if a not in constants]
+    signature = {**dict(zip(args, types.split(), strict=True)), **{c: "constexpr" for c in constants}}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types.split()) if t.startswith("*") or t == "i64"}
+    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32))
+    assert compiled.asm["cubin"] and ".target sm_90" in compiled.asm["ptx"]
+    assert "ld.global.v4" in compiled.asm["ptx"] or "ld.global.nc.v4" in compiled.asm["ptx"]
 
 
 @pytest.mark.parametrize("sets", [['train.fp8="all"'], ['train.fp8="lm_head"', 'train.fp8_scaling="row"']])
