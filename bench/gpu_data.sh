@@ -9,19 +9,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARCHIVE=.gpu-data/z/sharegpt.tar.xz
+verify() {  # PYTHON DIR: every shard against the manifest's sha256, then the manifest's own hash
+  PYTHONPATH=src "$1" -c "import sys; from scalelab.pretrain.shards import verify_shards as v
+print(f'{v(sys.argv[1]):,} tokens checked in', sys.argv[1])" "$2"
+  sha256sum "$2/manifest.json"
+}
 case "${1:-}" in
   pack)
-    [ -f .gpu-data/sharegpt/manifest.json ] || .venv/bin/scalelab pretrain prepare --set out_dir=.gpu-data/sharegpt --set shard_tokens=30000000
-    PYTHONPATH=src .venv/bin/python -c "from scalelab.pretrain.shards import verify_shards as v; v('.gpu-data/sharegpt')"
+    [ -f .gpu-data/sharegpt/manifest.json ] ||
+      .venv/bin/scalelab pretrain prepare --set out_dir=.gpu-data/sharegpt --set shard_tokens=30000000
+    verify .venv/bin/python .gpu-data/sharegpt
     mkdir -p .gpu-data/z
     tar -C .gpu-data/sharegpt -cf - manifest.json $(cd .gpu-data/sharegpt && ls train_*.bin val_*.bin) \
       | xz -T0 -6 > "$ARCHIVE.tmp" && mv "$ARCHIVE.tmp" "$ARCHIVE"
-    ls -l "$ARCHIVE"; sha256sum .gpu-data/sharegpt/manifest.json ;;
+    ls -l "$ARCHIVE" ;;
   unpack)
     dest=${2:?usage: bash bench/gpu_data.sh unpack DEST}
     mkdir -p "$dest" && xz -dc "$ARCHIVE" | tar -C "$dest" -xf -
-    PYTHONPATH=src python3 -c "import sys; from scalelab.pretrain.shards import verify_shards as v
-print(f'{v(sys.argv[1]):,} tokens checked in', sys.argv[1])" "$dest"
-    sha256sum "$dest/manifest.json" ;;
+    verify python3 "$dest" ;;
   *) echo "usage: bash bench/gpu_data.sh pack | unpack DEST" >&2; exit 2 ;;
 esac

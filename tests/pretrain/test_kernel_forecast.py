@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def fc():
-    spec = importlib.util.spec_from_file_location("pretrain_kernel_forecast", REPO / "bench" / "pretrain_kernel_forecast.py")
+    spec = importlib.util.spec_from_file_location("pretrain_kernel_forecast",
+                                                  REPO / "bench" / "pretrain_kernel_forecast.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
     spec.loader.exec_module(module)

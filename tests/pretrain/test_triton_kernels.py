@@ -76,5 +76,6 @@ def test_kernels_compile_for_hopper(name):
 def test_gelu_kernel_needs_per_row_fp8_blocks(sets):
     with pytest.raises(ConfigError, match="train.fp8_gelu_kernel"):
         load_pretrain_config(None, [*TINY, *sets, "train.fp8_gelu_kernel=true"])
-    ok = load_pretrain_config(None, [*TINY, 'train.fp8="blocks"', 'train.fp8_scaling="row"', "train.fp8_gelu_kernel=true"])
+    ok = load_pretrain_config(None, [*TINY, 'train.fp8="blocks"', 'train.fp8_scaling="row"',
+                                     "train.fp8_gelu_kernel=true"])
     assert ok.train.fp8_gelu_kernel

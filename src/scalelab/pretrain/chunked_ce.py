@@ -89,7 +89,7 @@ def _loss_and_grad(logits: torch.Tensor, tc: torch.Tensor, cols: torch.Tensor, v
                    want_grad: bool, kernel: str, fp8: bool) -> tuple[torch.Tensor, torch.Tensor | tuple | None]:
     """(sum of the chunk's row losses, d(mean loss)/d(logits) or None) for logits (rows, Vp) from the head; with
     kernel 'triton-e5m2' and an FP8 head the gradient comes as (g8, g8t) at _Fp8Head's static scale."""
-    if kernel == "triton-e5m2" and fp8 and want_grad:  # the kernel writes e5m2 in both layouts: no bf16 gradient, cast or copy
+    if kernel == "triton-e5m2" and fp8 and want_grad:  # e5m2 in both layouts: no bf16 gradient, cast or copy
         loss, g8, g8t = cross_entropy_rows_e5m2(logits, tc, vocab_size)
         return loss.sum(), (g8, g8t)
     if kernel != "torch":  # the Triton kernel: the gradient replaces the logits in place (ce_kernel.py)
