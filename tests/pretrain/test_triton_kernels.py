@@ -15,7 +15,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from scalelab.core.config import ConfigError  # noqa: E402
-from scalelab.pretrain import ce_kernel, fp8_kernels  # noqa: E402
+from scalelab.pretrain import ce_kernel, fp8_kernels, kernel_builds  # noqa: E402
 from scalelab.pretrain.config import load_pretrain_config  # noqa: E402
 from tests.pretrain.test_train_gpt import TINY  # noqa: E402
 
@@ -43,33 +43,38 @@ def test_kernels_refuse_cpu_without_the_interpreter(monkeypatch, launch, message
         launch()
 
 
-# (kernel, signature, compile-time constants) at the 124M recipe's shapes: pointers, then scalars, then constexprs
-HOPPER_CASES = {
-    "gelu_rows": (lambda: fp8_kernels._GELU_ROWS, "*bf16 *bf16 *u8 *fp32", {"N": 3072, "BLOCK": 4096, "K": 0.8}),
-    "gelu_grad_rows": (lambda: fp8_kernels._GELU_GRAD_ROWS, "*bf16 *bf16 *bf16 *u8 *fp32",
-                       {"N": 3072, "BLOCK": 4096, "K": 0.8}),
-    "ce_rows": (lambda: ce_kernel._CE_ROWS, "*bf16 i64 *i64 *fp32 *fp32 fp32",
-                {"VOCAB": 50257, "PADDED": 50304, "WANT_GRAD": True, "BLOCK": 4096}),
-    "ce_grad_e5m2": (lambda: ce_kernel._CE_GRAD_E5M2, "*bf16 i64 *fp32 *i64 *u8 *u8 i32",
-                     {"VOCAB": 50257, "PADDED": 50304, "SCALE": 57344.0, "BR": 64, "BV": 128}),
-}
-
-
-@pytest.mark.parametrize("name", HOPPER_CASES)
+@pytest.mark.parametrize("name", kernel_builds.BUILDS)
 def test_kernels_compile_for_hopper(name):
     """Triton compiles for sm_90 with its own ptxas, no GPU needed: what the CPU interpreter cannot check (types
     the compiler refuses, layouts it cannot lower) fails here, before any GPU time. Given the launch's
-    specialization of 16-divisible pointers and strides, the row loads must come out as 16-byte vector loads."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    get, types, constants = HOPPER_CASES[name]
-    kernel = get()
-    args = [a for a in kernel.arg_names if a not in constants]
-    signature = {**dict(zip(args, types.split(), strict=True)), **{c: "constexpr" for c in constants}}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types.split()) if t.startswith("*") or t == "i64"}
-    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32))
-    assert compiled.asm["cubin"] and ".target sm_90" in compiled.asm["ptx"]
-    assert "ld.global.v4" in compiled.asm["ptx"] or "ld.global.nc.v4" in compiled.asm["ptx"]
+    specialization of 16-divisible pointers and strides, the row loads must come out as 16-byte vector loads, and
+    the outputs must be rounded by the hardware's casts where the kernel uses them."""
+    build = kernel_builds.BUILDS[name]
+    compiled = kernel_builds.compile_sm90(build)
+    ptx = compiled.asm["ptx"]
+    assert compiled.asm["cubin"] and ".target sm_90" in ptx
+    assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx
+    assert all(cast in ptx for cast in build.casts), [line.strip() for line in ptx.splitlines() if "cvt." in line][:8]
+
+
+def test_hardware_casts_shorten_the_gelu_kernel():
+    """HW=True rounds with the FP8 conversion instruction; HW=False (the interpreter's path) rounds in integers:
+    no such instruction, more instructions in all, the same loads and stores."""
+    build = kernel_builds.BUILDS["gelu_rows"]
+    hw, ints = (kernel_builds.compile_sm90(build, HW=flag) for flag in (True, False))
+    assert "cvt.rn.satfinite.e4m3x2" in hw.asm["ptx"] and "e4m3x2" not in ints.asm["ptx"]
+    hw, ints = kernel_builds.sass_stats(hw), kernel_builds.sass_stats(ints)
+    assert hw["instructions"] < ints["instructions"]
+    assert (hw["ldg"], hw["stg"]) == (ints["ldg"], ints["stg"])
+
+
+def test_the_loss_tile_kernel_rounds_in_integers_because_it_compiles_leaner():
+    """ce_kernel._ce_grad_e5m2 is launched with HW=False on the GPU too; the reason, read from its SASS: with the
+    hardware's cast Triton recomputes the exps in the transposed store's layout (more MUFU, more registers)."""
+    build = kernel_builds.BUILDS["ce_grad_e5m2"]
+    launched, hw = (kernel_builds.sass_stats(kernel_builds.compile_sm90(build, HW=flag)) for flag in (False, True))
+    assert build.constants["HW"] is False
+    assert launched["mufu"] < hw["mufu"] and launched["registers"] < hw["registers"]
 
 
 @pytest.mark.parametrize("sets", [['train.fp8="all"'], ['train.fp8="lm_head"', 'train.fp8_scaling="row"']])

@@ -16,6 +16,9 @@ except ImportError:  # CPU installs without triton: the trainer imports; the ker
     triton = tl = None
 
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as triton itself reads it at import
+
+
 def require_triton(t: torch.Tensor, option: str, instead: str) -> None:
     """Refuse, naming the option and its alternative, where the kernels cannot run on t: no triton package, or
     a tensor off CUDA without the interpreter."""
