@@ -93,7 +93,8 @@ def cross_entropy_rows_(logits: torch.Tensor, targets: torch.Tensor, vocab_size:
 
 
 def cross_entropy_rows_e5m2(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, block: int = 4096,
-                            tile: tuple[int, int] = (64, 128)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            tile: tuple[int, int] = (64, 128),
+                            tile_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For an FP8 head: (per-row loss (rows,), g8 (rows, Vp), g8t (Vp, rows)) with g8 = e5m2 of (softmax -
     one_hot) * E5M2_MAX over the first vocab_size columns (0 in the padded ones) and g8t its transpose; the
     gradient of the mean loss over N rows is g8 / (E5M2_MAX * N). The logits are read twice and left unchanged;
@@ -107,5 +108,5 @@ def cross_entropy_rows_e5m2(logits: torch.Tensor, targets: torch.Tensor, vocab_s
     g8t = torch.empty(padded, rows, dtype=torch.uint8, device=logits.device)
     grid = (triton.cdiv(rows, tile[0]), triton.cdiv(padded, tile[1]))
     _CE_GRAD_E5M2[grid](logits, logits.stride(0), lse, targets, g8, g8t, rows, VOCAB=vocab_size, PADDED=padded,
-                        SCALE=E5M2_MAX, BR=tile[0], BV=tile[1], HW=False)
+                        SCALE=E5M2_MAX, BR=tile[0], BV=tile[1], HW=False, num_warps=tile_warps)
     return loss, g8.view(torch.float8_e5m2), g8t.view(torch.float8_e5m2)

@@ -119,7 +119,8 @@ if triton is not None:  # module-level kernels torch.compile can place in its gr
     _GELU_ROWS, _GELU_GRAD_ROWS = triton.jit(_gelu_rows), triton.jit(_gelu_grad_rows)
 
 
-def _launch(kernel, inputs: list[torch.Tensor], e5m2: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _launch(kernel, inputs: list[torch.Tensor], e5m2: bool,
+            num_warps: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x = inputs[0]
     require_triton(x, "train.fp8_gelu_kernel", "train.fp8_gelu_kernel=false")
     if any(t.dim() != 2 or not t.is_contiguous() for t in inputs):
@@ -130,15 +131,17 @@ def _launch(kernel, inputs: list[torch.Tensor], e5m2: bool) -> tuple[torch.Tenso
     inv = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(n)  # a whole row per program; 8 warps for 4k-wide rows: 16 values a thread
     kernel[(rows,)](*inputs, out, out8, inv, N=n, BLOCK=block, K=GELU_K, HW=not INTERPRETED,
-                    num_warps=min(max(block // 512, 1), 8))
+                    num_warps=num_warps or min(max(block // 512, 1), 8))
     return out, out8.view(torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn), inv
 
 
-def gelu_rows(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(a bf16, a8 e4m3, 1/scale (rows, 1)) for a = gelu_tanh(h), h (rows, features)."""
-    return _launch(_GELU_ROWS, [h], e5m2=False)
+def gelu_rows(h: torch.Tensor, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(a bf16, a8 e4m3, 1/scale (rows, 1)) for a = gelu_tanh(h), h (rows, features); num_warps None: the
+    default by row width (bench/gpu_row_kernels.py times others)."""
+    return _launch(_GELU_ROWS, [h], False, num_warps)
 
 
-def gelu_grad_rows(da: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gelu_grad_rows(da: torch.Tensor, h: torch.Tensor,
+                   num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(gh bf16, gh8 e5m2, 1/scale (rows, 1)) for gh = da * gelu_tanh'(h)."""
-    return _launch(_GELU_GRAD_ROWS, [da, h], e5m2=True)
+    return _launch(_GELU_GRAD_ROWS, [da, h], True, num_warps)
