@@ -64,14 +64,22 @@ def gemm_row(m: int, k: int, n: int, a_dtype: torch.dtype, repeats: int) -> dict
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def kernel_bench_args(doc: str, argv: list[str] | None) -> argparse.Namespace | None:
+    """--tokens (per micro-batch), --repeats, --out of a kernel benchmark; None (after saying why) without CUDA."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=128 * 1024, help="M: tokens per micro-batch")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("gpu_fp8_gemm: needs a CUDA GPU", file=sys.stderr)
+        print(f"{Path(sys.argv[0]).name}: needs a CUDA GPU", file=sys.stderr)
+        return None
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = kernel_bench_args(__doc__, argv)
+    if args is None:
         return 2
     rows = {}
     for name, (k, n) in LINEARS.items():

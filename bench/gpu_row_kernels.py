@@ -12,15 +12,13 @@ most). The reference is compiled as the trainer's step is (torch.compile, defaul
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from gpu_fp8_gemm import time_ms  # bench/ is the script's folder, first on sys.path
+from gpu_fp8_gemm import kernel_bench_args, time_ms  # bench/ is the script's folder, first on sys.path
 from scalelab.core.provenance import collect
 from scalelab.pretrain.ce_kernel import cross_entropy_rows_, cross_entropy_rows_e5m2
 from scalelab.pretrain.fp8 import E4M3, E5M2, quantize, quantize_rows
@@ -99,13 +97,8 @@ def loss_table(rows: int, vocab: int, padded: int, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=128 * 1024, help="rows of the MLP kernels: tokens per micro-batch")
-    ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_row_kernels: needs a CUDA GPU", file=sys.stderr)
+    args = kernel_bench_args(__doc__, argv)  # --tokens: the MLP kernels' rows; the loss chunk is an eighth of them
+    if args is None:
         return 2
     table = {**gelu_rows_table(args.tokens, 3072, args.repeats),
              **loss_table(args.tokens // 8, 50257, 50304, args.repeats)}  # the recipe's 8 loss chunks
