@@ -6,18 +6,21 @@ import argparse
 import hashlib
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from scalelab.core.jsonio import iter_jsonl, read_json
 from scalelab.pretrain.config import load_pretrain_config
-from scalelab.pretrain.predict import (CPU_RUNTIME_BYTES, EAGER_GPU_FACTOR, MFU_DEFAULTS, count_params, predict,
-                                       predict_from_args, prediction_from_dict, write_predictions)
+from scalelab.pretrain.predict import (CHUNK_FP32_COPIES, CPU_RUNTIME_BYTES, EAGER_GPU_FACTOR, GIB, MFU_DEFAULTS,
+                                       activation_bytes, chunked_loss_bytes, count_params, predict, predict_from_args,
+                                       prediction_from_dict, write_predictions)
 from scalelab.pretrain.scaling_law import (CHINCHILLA_PRIOR, LossPoint, ScalingLaw, fit_scaling_law,
                                            load_scaling_law, save_scaling_law)
 from scalelab.pretrain.train_gpt import GPT
 
+REPO = Path(__file__).resolve().parents[2]
 GPT2_124M = ["model.n_layer=12", "model.n_head=12", "model.n_embd=768", "model.block_size=1024",
              "train.micro_batch_size=64", "train.total_batch_tokens=524288", "train.max_steps=19073"]
 TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16", "model.vocab_size=256",
@@ -59,6 +62,41 @@ def test_tiny_memory_components_by_hand():
     assert m.runtime_bytes == CPU_RUNTIME_BYTES and m.comm_buffers_bytes == 0
     assert m.total_bytes == 4 * 34176 * 4 + 279_552 + 262_144 + CPU_RUNTIME_BYTES
     assert m.total_bytes_low < m.total_bytes < m.total_bytes_high
+
+
+def test_chunked_loss_and_fp8_inputs_by_hand():
+    tiny = load_pretrain_config(None, TINY).model  # B*T = 64 rows, C = 32, Vp = 256
+    # 4 chunks of 16 rows: saved fp32 d/dh 64x32 and d/dW 256x32 = 4*(64+256)*32 = 40,960; a bf16 chunk 2*16*256
+    # = 8,192; the torch path's fp32 copies 4 * 4*16*256 = 65,536; the e5m2 layouts 2*16*256 = 8,192
+    assert chunked_loss_bytes(tiny, 4, 4, "triton", False) == 40_960 + 8_192
+    assert chunked_loss_bytes(tiny, 4, 4, "torch", False) == 40_960 + 8_192 + CHUNK_FP32_COPIES * 16_384
+    assert chunked_loss_bytes(tiny, 4, 4, "triton-e5m2", True) == 40_960 + 8_192 + 8_192
+    # per-tensor FP8 inputs: 7 of the 14 s*b*h matmul/GELU inputs at 1 byte instead of 2 (bf16): 2048*7 per layer
+    assert activation_bytes(tiny, 4, "bfloat16") - activation_bytes(tiny, 4, "bfloat16", True) == 2 * 2048 * 7
+
+
+def _measured_variants() -> list[tuple[str, list[str], float]]:
+    """(name, sets, peak GiB) of every H200 variant run of rounds 2-4 that records its sets."""
+    out = []
+    for rnd in (2, 3, 4):
+        doc = read_json(REPO / f"results/h200/pretrain_variants_round{rnd}.json")
+        out += [(name, r["sets"].split(), r["peak_memory_gib"]) for call in doc["calls"].values()
+                for name, r in call["variants"].items() if r.get("sets")]
+    return out
+
+
+def test_memory_predictions_hold_for_the_recipe_variants():
+    """The chunked loss replaces the whole logits by one chunk's working set, and per-tensor FP8 keeps the Linears'
+    inputs in one byte: every measured variant's peak lies in its predicted interval. The bf16 chunked runs are
+    calibrated: cudnn-chunks8 at B=64 set CHUNK_FP32_COPIES, and B=128 (held out) must land within 2%."""
+    variants = _measured_variants()
+    assert len(variants) >= 14
+    for name, sets, measured in variants:
+        m = predict(load_pretrain_config(REPO / "configs/pretrain/gpt2-124m-fineweb-edu.toml", sets), 1, "h200",
+                    calibration="auto").memory
+        assert m.total_bytes_low / GIB <= measured <= m.total_bytes_high / GIB, (name, m.total_bytes / GIB, measured)
+        if m.model == "calibrated":
+            assert m.total_bytes / GIB == pytest.approx(measured, rel=0.02), name
 
 
 def test_fsdp2_shards_state_and_ddp_adds_buckets():

@@ -207,18 +207,20 @@ def calibrated_throughput(cfg: PretrainConfig, hw: Hardware, world: int, c: cal.
     return _throughput_record(cfg, hw, world, (tps, lo, hi), (mfu(tps), mfu(lo), mfu(hi)), why, "calibrated")
 
 
-def activation_bytes(m: ModelConfig, micro_batch: int, dtype: str) -> int:
+def activation_bytes(m: ModelConfig, micro_batch: int, dtype: str, fp8_inputs: bool = False) -> int:
     """Tensors the blocks save for backward, per device. Korthikanti et al. 2022 ("Reducing Activation
     Recomputation in Large Transformer Models") eq. 1: s·b·h·(34 + 5·a·s/h) bytes per layer at 16-bit, where
     34 = 2 bytes x (14 matmul/GELU inputs + 2 LayerNorm inputs) + 2 one-byte dropout masks per s·b·h, and
     5·a·s/h is the stored a·s² attention matrix (softmax 2 + mask 1 + dropout output 2 bytes). Adapted to
     train_gpt: SDPA (flash / memory-efficient, on GPU and CPU) keeps only a fp32 logsumexp per head and
     position instead of a·s²; matmul inputs at the autocast dtype (fp32 on CPU); LayerNorm inputs in fp32
-    (autocast runs layer_norm in fp32); dropout masks only when dropout > 0."""
+    (autocast runs layer_norm in fp32); dropout masks only when dropout > 0. fp8_inputs (train.fp8 per-tensor in
+    the blocks, fp8._FP8Matmul): the four Linears keep their inputs (7 of the 14 per s·b·h) as one-byte e4m3."""
     s, b, h, a = m.block_size, micro_batch, m.n_embd, m.n_head
     act = 4 if dtype == "float32" else 2
     masks = 2 if m.dropout > 0 else 0
-    per_layer = s * b * h * (14 * act + 2 * 4 + masks) + 4 * a * s * b
+    inputs = 7 * 1 + 7 * act if fp8_inputs else 14 * act
+    per_layer = s * b * h * (inputs + 2 * 4 + masks) + 4 * a * s * b
     return m.n_layer * per_layer + s * b * h * (4 + act)  # + ln_f input (fp32) and lm_head input
 
 
@@ -236,6 +238,35 @@ def compiled_logits_bytes(m: ModelConfig, micro_batch: int) -> int:
     one fp32 V-wide tensor (the loss gradient); the compiled graph fuses log-softmax with its backward, so the
     eager path's fp32 copy and log-softmax output (logits_bytes) are not both kept."""
     return micro_batch * m.block_size * (2 * m.padded_vocab_size + 4 * m.vocab_size)
+
+
+# fp32 copies of one loss chunk that the compiled torch path of the chunked loss holds at its peak (the masked
+# logits, their exp, the gradient, and a buffer Inductor keeps): 4.24 read off cudnn-chunks8 at B=64 (30.2 GiB,
+# results/h200/pretrain_variants_round2.json call1); cudnn-chunks8-b128 (57.1 GiB, call3) is the held-out check
+CHUNK_FP32_COPIES = 4
+
+
+def chunked_loss_bytes(m: ModelConfig, micro_batch: int, chunks: int, kernel: str, fp8_head: bool) -> int:
+    """Loss-side bytes alive at the peak with train.loss_chunks (chunked_ce.py), in place of the (B·T, V) logits:
+    the fp32 gradients it saves in the forward (d/dh: B·T x C; d/dW: Vp x C), and one chunk's working set: its
+    bf16 logits, plus the compiled torch path's fp32 copies, or nothing more where the Triton kernel writes the
+    gradient over the logits, or the two e5m2 gradient layouts (triton-e5m2 with an FP8 head)."""
+    tokens = micro_batch * m.block_size
+    rows = -(-tokens // chunks)
+    chunk = rows * m.padded_vocab_size
+    saved = 4 * (tokens + m.padded_vocab_size) * m.n_embd
+    work = {"torch": CHUNK_FP32_COPIES * 4 * chunk, "triton": 0,
+            "triton-e5m2": 2 * chunk if fp8_head else 0}[kernel]
+    return saved + 2 * chunk + work
+
+
+def loss_peak_bytes(cfg: PretrainConfig, dtype: str, compiled: bool) -> int:
+    """The loss side's share of the peak: chunked_loss_bytes under train.loss_chunks, else the whole logits as
+    the compiled (compiled_logits_bytes) or eager (logits_bytes) graph keeps them."""
+    m, b, t = cfg.model, cfg.train.micro_batch_size, cfg.train
+    if t.loss_chunks:
+        return chunked_loss_bytes(m, b, t.loss_chunks, t.loss_kernel, t.fp8 in ("lm_head", "all"))
+    return compiled_logits_bytes(m, b) if compiled else logits_bytes(m, b, dtype)
 
 
 @dataclass(frozen=True)
@@ -272,7 +303,7 @@ def workload(cfg: PretrainConfig, world: int) -> cal.Workload:
         attn_flops_per_token=12 * m.n_layer * m.n_embd * m.block_size, vocab=m.vocab_size,
         static_bytes=peak_static_bytes(cfg, world).total_bytes,
         activation_bytes_per_token=activation_bytes(m, b, "bfloat16") / tokens,
-        logits_bytes_per_token=compiled_logits_bytes(m, b) / tokens)
+        logits_bytes_per_token=loss_peak_bytes(cfg, "bfloat16", compiled=True) / tokens)
 
 
 def estimate_memory(cfg: PretrainConfig, hw: Hardware, world: int, dtype: str) -> MemoryEstimate:
@@ -282,8 +313,10 @@ def estimate_memory(cfg: PretrainConfig, hw: Hardware, world: int, dtype: str) -
     shard = world if (world > 1 and cfg.train.parallel == "fsdp2") else 1
     params, grads, optim = 4 * n // shard, 4 * n // shard, 8 * n // shard
     comm = 4 * n if (world > 1 and cfg.train.parallel == "ddp") else 0
-    acts = activation_bytes(cfg.model, cfg.train.micro_batch_size, dtype)
-    logits = logits_bytes(cfg.model, cfg.train.micro_batch_size, dtype)
+    t = cfg.train
+    fp8_inputs = t.fp8 in ("blocks", "all") and t.fp8_scaling == "tensor"
+    acts = activation_bytes(cfg.model, t.micro_batch_size, dtype, fp8_inputs)
+    logits = loss_peak_bytes(cfg, dtype, compiled=t.compile and dtype == "bfloat16")
     runtime = CPU_RUNTIME_BYTES if hw.key == "cpu" else 0
     total = params + grads + optim + comm + acts + logits + runtime
     return MemoryEstimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim, comm_buffers_bytes=comm,
