@@ -58,6 +58,9 @@ def test_step_time_form_by_hand():
     per_token = 0.95e9 / (989.4e12 * 0.43) + 16 * 50_000 / 4.8e12
     assert cal.step_time_s(w, HAND.throughput) == pytest.approx(8192 * per_token + 0.0045, rel=1e-12)
     assert cal.tokens_per_s(w, HAND.throughput) == pytest.approx(8192 / (8192 * per_token + 0.0045), rel=1e-12)
+    chunked = replace(w, loss_bytes_scale=6 / 16)  # the chunked loss: 6 bytes a logit instead of 16
+    assert cal.step_time_s(chunked, HAND.throughput) == pytest.approx(
+        8192 * (per_token - 10 * 50_000 / 4.8e12) + 0.0045, rel=1e-12)
 
 
 def test_interval_half_width_is_the_worst_held_out_error_and_covers_every_held_out_row():

@@ -11,8 +11,9 @@ Throughput, per device; one optimizer step is k micro-steps of b = B·T tokens:
   softmax cross-entropy over V logits is memory-bound, a per-token cost that does not grow with the model, so
   it is a larger share of a small model's step. q = 16 bytes moved per logit outside the head matmul (forward:
   read the bf16 logits twice for max and log-sum-exp, 4; backward: read them again 2, write the fp32 gradient 4,
-  read it 4, write it as bf16 2). t_step is paid once per optimizer step (AdamW, grad-norm, host sync).
-  Fitted: u and t_step. Counted: f_attn and q.
+  read it 4, write it as bf16 2). Under train.loss_chunks (chunked_ce.py) the loss reads each bf16 chunk twice
+  and writes its bf16 gradient once, 6 bytes: q·s with s = 6/16 (Workload.loss_bytes_scale). t_step is paid once
+  per optimizer step (AdamW, grad-norm, host sync). Fitted: u and t_step. Counted: f_attn, q and s.
 
 Memory, per device, at the peak (the start of backward, when every saved activation is alive):
 
@@ -63,6 +64,7 @@ class Workload:
     static_bytes: float
     activation_bytes_per_token: float   # A
     logits_bytes_per_token: float       # G
+    loss_bytes_scale: float = 1.0       # s: the loss's traffic per logit against the unchunked loss's q
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,8 @@ class RowScore:
 
 def seconds_per_token(w: Workload, t: ThroughputFit) -> float:
     executed = w.model_flops_per_token - (1.0 - t.attention_executed_fraction) * w.attn_flops_per_token
-    return executed / (t.peak_flops_per_s * t.mfu_matmul) + t.bytes_per_logit * w.vocab / t.hbm_bytes_per_s
+    return (executed / (t.peak_flops_per_s * t.mfu_matmul)
+            + t.bytes_per_logit * w.loss_bytes_scale * w.vocab / t.hbm_bytes_per_s)
 
 
 def step_time_s(w: Workload, t: ThroughputFit) -> float:
@@ -158,7 +161,7 @@ def fit_throughput(rows: Sequence[Row], hw: Hardware, bytes_per_logit: float = B
     design, target = [], []
     for r in rows:
         w, tokens = r.workload, r.workload.micro_steps * r.workload.tokens_per_micro
-        loss_s = tokens * bytes_per_logit * w.vocab / hw.hbm_bytes_s
+        loss_s = tokens * bytes_per_logit * w.loss_bytes_scale * w.vocab / hw.hbm_bytes_s
         compute_at_peak_s = tokens * seconds_per_token(w, replace(probe, bytes_per_logit=0.0))
         design.append([compute_at_peak_s, 1.0])
         target.append(w.world * tokens / r.tokens_per_s - loss_s)

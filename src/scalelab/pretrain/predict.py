@@ -244,6 +244,10 @@ def compiled_logits_bytes(m: ModelConfig, micro_batch: int) -> int:
 # logits, their exp, the gradient, and a buffer Inductor keeps): 4.24 read off cudnn-chunks8 at B=64 (30.2 GiB,
 # results/h200/pretrain_variants_round2.json call1); cudnn-chunks8-b128 (57.1 GiB, call3) is the held-out check
 CHUNK_FP32_COPIES = 4
+# bytes the chunked loss moves per logit outside the head's matmuls: each bf16 chunk read twice (max/sum-exp,
+# then the gradient) and its bf16 gradient written once (the Triton kernel in place; the compiled torch path
+# fuses the gradient and its cast), against the unchunked loss's 16 (calibrate.BYTES_PER_LOGIT)
+CHUNKED_LOSS_BYTES_PER_LOGIT = 6.0
 
 
 def chunked_loss_bytes(m: ModelConfig, micro_batch: int, chunks: int, kernel: str, fp8_head: bool) -> int:
@@ -303,7 +307,8 @@ def workload(cfg: PretrainConfig, world: int) -> cal.Workload:
         attn_flops_per_token=12 * m.n_layer * m.n_embd * m.block_size, vocab=m.vocab_size,
         static_bytes=peak_static_bytes(cfg, world).total_bytes,
         activation_bytes_per_token=activation_bytes(m, b, "bfloat16") / tokens,
-        logits_bytes_per_token=loss_peak_bytes(cfg, "bfloat16", compiled=True) / tokens)
+        logits_bytes_per_token=loss_peak_bytes(cfg, "bfloat16", compiled=True) / tokens,
+        loss_bytes_scale=CHUNKED_LOSS_BYTES_PER_LOGIT / cal.BYTES_PER_LOGIT if cfg.train.loss_chunks else 1.0)
 
 
 def estimate_memory(cfg: PretrainConfig, hw: Hardware, world: int, dtype: str) -> MemoryEstimate:
