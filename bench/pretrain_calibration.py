@@ -8,7 +8,9 @@ Fitted on 124M at B=16 and B=64 (T=1024, one GPU, one micro-batch per step): two
 Scored on every other row: another batch (B=32), another context (T=2048), another size (350M), gradient
 accumulation (524,288 tokens per step), two GPUs with DDP and FSDP2 (per GPU), and repeat measurements of the
 recipe in other sessions. Then: predictions for 124M, 350M and 1B with intervals, the time and cost to the 3.28
-val-loss bar on 8 x H100, and an ablation of the two counted terms of the throughput form.
+val-loss bar on 8 x H100, and an ablation of the two counted terms of the throughput form. The recipe variants
+of rounds 2-4 (chunked loss, FP8, B=128) are scored apart, each against `predict`'s full answer: the calibrated
+forms for bf16, the priors where FP8 puts a run outside them.
 """
 from __future__ import annotations
 
@@ -38,7 +40,9 @@ VARIANTS2 = "results/h200/pretrain_variants_round2.json"
 TTT = "results/h200/pretrain_time_to_target.json"
 VARIANTS3 = "results/h200/pretrain_variants_round3.json"
 LADDER_CHECK = "results/h200/scaling_ladder_350m_check.json"
-INPUTS = (RECIPE, SWEEP, S1, S2, VARIANTS, LADDER, VARIANTS2, TTT, VARIANTS3, LADDER_CHECK)
+VARIANTS4 = "results/h200/pretrain_variants_round4.json"
+INPUTS = (RECIPE, SWEEP, S1, S2, VARIANTS, LADDER, VARIANTS2, TTT, VARIANTS3, LADDER_CHECK, VARIANTS4)
+SCORED_ROUNDS = (VARIANTS2, VARIANTS3, VARIANTS4)  # variant runs that record their settings: scored apart
 
 
 def shape(n_layer: int, n_head: int, n_embd: int, block: int, micro_batch: int) -> tuple[str, ...]:
@@ -93,13 +97,12 @@ EXCLUDED = (
     {"source": f"{S1} runs.fsdp2", "reason": "FSDP2 without a MixedPrecisionPolicy (fp32 all-gathers, whole-model "
      "compile broken at every FSDP2 hook): superseded, train_gpt.wrap_model now always applies the bf16 policy"},
     {"source": f"{VARIANTS} variants.{{cudnn,fp8-head,fp8-all,cudnn-fp8-head,cudnn-fp8-all}}, quality.variant",
-     "reason": "recipe variants: the forms have no term for FP8 matmuls or a forced SDPA kernel; the predictor "
-               "falls back to its priors for train.fp8 != 'none'"},
-    {"source": f"{VARIANTS2} calls.*.variants (all but plain), {TTT} runs.recipe",
-     "reason": "recipe variants: chunked loss, FP8, Muon and larger micro-batches are outside the forms"},
-    {"source": f"{VARIANTS3} calls.*.variants (all but plain), quality",
-     "reason": "recipe variants: the FP8 chunked head and the Triton loss kernel are outside the forms; the "
-               "quality runs shared one GPU, so their speeds mean nothing"},
+     "reason": "recipe variants without recorded settings: the first round named its variants only"},
+    {"source": f"{VARIANTS2} calls.call1.variants (all but plain), {TTT} runs.recipe",
+     "reason": "recipe variants without recorded settings: cudnn-chunks8 at B=64 set predict.CHUNK_FP32_COPIES; "
+               "the runs that record their settings are in variants_scored"},
+    {"source": f"{VARIANTS3} quality, {VARIANTS4} quality",
+     "reason": "quality runs: two shared one GPU, so their speeds mean nothing"},
     {"source": f"{LADDER} points", "reason": "ladder runs: eager mode (no torch.compile), which the forms do not "
                                              "model; they feed the loss law only"},
 )
@@ -279,6 +282,30 @@ def time_to_target(predictions: list[dict], ddp_efficiency: float) -> list[dict]
 # save and print
 
 
+def variant_scores(c: cal.Calibration, repo: Path) -> dict:
+    """Every variant run of SCORED_ROUNDS that records its settings, against predict's interval for its config."""
+    rows = []
+    for path in SCORED_ROUNDS:
+        for call, record in read_json(repo / path)["calls"].items():
+            for name, r in record["variants"].items():
+                if r.get("sets"):
+                    rows.append(_variant_row(f"{path} calls.{call}.variants.{name}", r, c, repo))
+    inside = {k: sum(r[k]["inside"] for r in rows) for k in ("tokens_per_s", "peak_memory_gib")}
+    return {"rows": rows, "summary": {"runs": len(rows), **{f"{k}_inside": v for k, v in inside.items()},
+                                      "calibrated": sum(r["model"] == "calibrated" for r in rows)}}
+
+
+def _variant_row(source: str, r: dict, c: cal.Calibration, repo: Path) -> dict:
+    p = predict(config(tuple(r["sets"].split()), repo), 1, "h200", calibration=c)
+    t, m = p.throughput, p.memory
+    pairs = {"tokens_per_s": (t.tokens_per_s, t.tokens_per_s_low, t.tokens_per_s_high, r["tokens_per_s"]),
+             "peak_memory_gib": (m.total_bytes / cal.GIB, m.total_bytes_low / cal.GIB, m.total_bytes_high / cal.GIB,
+                                 r["peak_memory_gib"])}
+    return {"source": source, "sets": r["sets"], "model": m.model,
+            **{k: {"predicted": v, "interval": [lo, hi], "measured": meas, "ratio": v / meas,
+                   "inside": lo <= meas <= hi} for k, (v, lo, hi, meas) in pairs.items()}}
+
+
 def row_json(spec: RowSpec, row: cal.Row, s: cal.RowScore) -> dict:
     within = lambda x: None if x is None else abs(x - 1) <= cal.GOAL_REL  # noqa: E731
     return {"key": spec.key, "label": spec.label, "role": spec.role, "source": row.source, "world": spec.world,
@@ -316,7 +343,8 @@ def document(repo: Path) -> dict:
                     "fitted on two H200 rows, scored on the rest; predictions with intervals; time and cost to 3.28",
             "goal": f"predicted within +-{cal.GOAL_REL:.0%} of measured on the held-out rows",
             **cal.calibration_to_dict(c), "held_out": [s.key for s in ROWS if s.role == "held-out"],
-            "summary": summary(row_docs), "rows": row_docs, "excluded": list(EXCLUDED),
+            "summary": summary(row_docs), "rows": row_docs, "variants_scored": variant_scores(c, repo),
+            "excluded": list(EXCLUDED),
             "ablation": ablation(rows), "transfer": {"h100-sxm": cal.for_hardware(c, get_hardware("h100-sxm")).note},
             "ddp_efficiency_2gpu": {"value": ddp, "source": f"{S1} scaling_efficiency_2gpu.ddp"},
             "predictions": preds, "time_to_target": time_to_target(preds, ddp), "loss_ladder": loss_ladder(repo),
@@ -340,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(REPO / OUT, doc)
     print(table(doc))
     print(doc["summary"])
+    print("recipe variants:", doc["variants_scored"]["summary"])
     for t in doc["time_to_target"]:
         print(f"{t['bar']}: {t['hours']:.3f} h ({t['hours_interval'][0]:.3f}-{t['hours_interval'][1]:.3f}), "
               f"${t['cost_usd']:,.2f}")

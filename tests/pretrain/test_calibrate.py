@@ -254,6 +254,9 @@ def test_docs_are_generated_from_the_results(tmp_path):
     assert "one slow kernel (130 ms/step)" in text and "7.59 ms in bf16, 4.79 in per-tensor FP8" in text
     assert "added 1.3%" in text   # 605,395 / 597,377 in the same call
     assert "forecasts 655k tokens/s with both (639k–663k)" in text  # results/h200/pretrain_kernel_forecast.json
+    v = c["variants_scored"]["summary"]                           # the recipe variants, scored apart
+    assert (v["runs"], v["peak_memory_gib_inside"], v["tokens_per_s_inside"]) == (14, 14, 14)
+    assert "14 recipe-variant runs of rounds 2-4 (chunked loss, FP8, B=128), 14 inside in memory" in text
     check = c["loss_ladder"]["checks"][0]                                              # the 350M ladder check
     assert f"measured **{check['measured']:.3f}**: inside the interval" in text and check["inside_interval"]
     held = {h["split"]: h["max_abs_error"] for h in c["loss_ladder"]["held_out"]}   # the ladder, scored

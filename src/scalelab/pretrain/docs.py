@@ -161,9 +161,18 @@ def _calibration_notes(d: DocInputs) -> list[str]:
             f"the form's physics rather than being a blind test (now {_signed(abl['as used']['error_350m'])}). "
             "2-GPU rows are predicted as 1-GPU work, so their errors are the second GPU's measured cost. FSDP2 "
             f"memory is {_signed(fsdp - 1)} high: its bf16 residual stream is not modelled. Not scored: "
-            + "; ".join(dict.fromkeys(e["reason"].split(":")[0] for e in c["excluded"])) + ".",
+            + "; ".join(dict.fromkeys(e["reason"].split(":")[0] for e in c["excluded"])) + ". " + _variants_scored(c),
             "", f"H100: {c['transfer']['h100-sxm']} ({get_hardware('h200').hbm_tb_s:g} TB/s on H200, "
             f"{get_hardware('h100-sxm').hbm_tb_s:g} on H100)."]
+
+
+def _variants_scored(c: dict) -> str:
+    s = c.get("variants_scored", {}).get("summary")
+    if not s:
+        return ""
+    return (f"Scored apart, each against `predict`'s own interval (calibrated for bf16, the priors for FP8): "
+            f"{s['runs']} recipe-variant runs of rounds 2-4 (chunked loss, FP8, B=128), {s['peak_memory_gib_inside']} "
+            f"inside in memory and {s['tokens_per_s_inside']} in tokens/s.")
 
 
 def _extrapolation(d: DocInputs) -> float:
@@ -261,11 +270,7 @@ def _next_steps(d: DocInputs) -> list[str]:
             "term. " + ("Left to try: FP8 forward GEMMs with fast accumulation (`train.fp8_fast_accum`, built, not "
                         "yet measured), a fused linear + cross-entropy kernel (llm.c's fused classifier), row-wise "
                         "FP8 scales (torchao float8), an autotuned compile given the minutes it needs."
-                        if d.variants3 is None else
-                        "The third round measured fast FP8 accumulation (no gain), the chunked head's matmuls in "
-                        "FP8 and a Triton kernel for the loss chunks (`train.loss_kernel`)"
-                        + ("; the fourth, per-row FP8 scales in the blocks" if d.variants4 else "")
-                        + ". The profiles below say where the rest of the step goes."), ""]
+                        if d.variants3 is None else "The profiles below say where the rest of the step goes."), ""]
 
 
 def _scaling(d: DocInputs) -> list[str]:
