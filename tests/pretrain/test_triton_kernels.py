@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
+pytest.importorskip("triton")
 
 from scalelab.core.config import ConfigError  # noqa: E402
 from scalelab.pretrain import ce_kernel, fp8_kernels, kernel_builds  # noqa: E402

@@ -122,10 +122,14 @@ class RowScore:
 # the forms
 
 
+def loss_seconds_per_token(w: Workload, t: ThroughputFit) -> float:
+    """q·s·V / HBM: the memory-bound loss's time per token."""
+    return t.bytes_per_logit * w.loss_bytes_scale * w.vocab / t.hbm_bytes_per_s
+
+
 def seconds_per_token(w: Workload, t: ThroughputFit) -> float:
     executed = w.model_flops_per_token - (1.0 - t.attention_executed_fraction) * w.attn_flops_per_token
-    return (executed / (t.peak_flops_per_s * t.mfu_matmul)
-            + t.bytes_per_logit * w.loss_bytes_scale * w.vocab / t.hbm_bytes_per_s)
+    return executed / (t.peak_flops_per_s * t.mfu_matmul) + loss_seconds_per_token(w, t)
 
 
 def step_time_s(w: Workload, t: ThroughputFit) -> float:
@@ -161,7 +165,7 @@ def fit_throughput(rows: Sequence[Row], hw: Hardware, bytes_per_logit: float = B
     design, target = [], []
     for r in rows:
         w, tokens = r.workload, r.workload.micro_steps * r.workload.tokens_per_micro
-        loss_s = tokens * bytes_per_logit * w.loss_bytes_scale * w.vocab / hw.hbm_bytes_s
+        loss_s = tokens * loss_seconds_per_token(w, probe)
         compute_at_peak_s = tokens * seconds_per_token(w, replace(probe, bytes_per_logit=0.0))
         design.append([compute_at_peak_s, 1.0])
         target.append(w.world * tokens / r.tokens_per_s - loss_s)

@@ -17,6 +17,7 @@ from scalelab.pretrain import calibrate as cal
 from scalelab.pretrain import docs_loss, docs_speed
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
 from scalelab.pretrain.docs_speed import thousands as _k
+from scalelab.pretrain.predict import workload
 
 CALIBRATION = "results/h200/pretrain_predictor_calibration.json"
 S1 = "results/h200/pretrain_124m_1gpu_ddp_fsdp2.json"
@@ -260,7 +261,7 @@ def _next_steps(d: DocInputs) -> list[str]:
     recipe = next(p for p in d.calibration["predictions"] if p["key"] == "124m-1xh200")
     per_token_s = 1.0 / recipe["tokens_per_s"]
     overhead_s = t.step_overhead_s / recipe["tokens_per_step"]
-    loss_s = t.bytes_per_logit * d.recipe.model.vocab_size / t.hbm_bytes_per_s
+    loss_s = cal.loss_seconds_per_token(workload(d.recipe, 1), t)
     compute_s = per_token_s - overhead_s - loss_s          # the part that scales as 1/u
     needed = lambda other_s: t.mfu_matmul * compute_s / (1.0 / goal - other_s)  # noqa: E731
     return [f"What it would take, read off the calibrated form: the loss term is {_pct(loss_s / per_token_s)} of a "
