@@ -3,28 +3,19 @@ number is the one worked out by hand from the results files and calc's formulas.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.bench_script import load_bench
+
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "bench" / "calc_vs_measured.py"
 H200 = REPO / "results" / "h200"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("calc_vs_measured", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module     # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-cvm = _load_script()
+cvm = load_bench("calc_vs_measured")
 
 
 @pytest.fixture(scope="module")

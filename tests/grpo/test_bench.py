@@ -1,21 +1,13 @@
 """bench/grpo_rollout_bench.py in its CPU mode: the file it writes is what `grpo docs` reads."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 from scalelab.core.jsonio import read_json
 from scalelab.grpo.docs import write_docs
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "grpo_rollout_bench.py"
+from tests.bench_script import load_bench
 
 
 def test_tiny_bench_feeds_the_docs(tmp_path):
-    spec = importlib.util.spec_from_file_location("grpo_rollout_bench", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # dataclasses look their module up there
-    spec.loader.exec_module(bench)
+    bench = load_bench("grpo_rollout_bench")
     out = tmp_path / "results" / "rollout_bench.json"
     assert bench.main(["--tiny", "--out", str(out)]) == 0
     r = read_json(out)

@@ -2,7 +2,6 @@
 engine (hand-checked with scripted engines, no vLLM), the tiny CPU run, and the gpu_grpo.sh variant kinds."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -15,17 +14,14 @@ import pytest
 
 from scalelab.core.jsonio import read_json
 from scalelab.grpo.rollout import RolloutBatch, SamplingParams, repeat_prompts
+from tests.bench_script import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("grpo_rollout_bench", ROOT / "bench" / "grpo_rollout_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("grpo_rollout_bench")
 
 
 # ---------------------------------------------------------------------------------------------

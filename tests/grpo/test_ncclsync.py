@@ -28,9 +28,9 @@ from scalelab.grpo.parts import prepare_policy
 from scalelab.grpo.rollout import EngineContext, SamplingParams, VLLMServerEngine, _server_spec, build_engine
 from scalelab.grpo.weightsync import base_model, merged_named_weights, sync_weights
 from scalelab.serve.engines import EngineSpec, build_command
+from tests.bench_script import load_bench
 from tests.grpo.tiny import tiny_llama, tiny_tokenizer
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "grpo_nccl_sync_bench.py"
 COLLECTIVES = ("/init_weight_transfer_engine", "/update_weights")
 PER_SYNC = [("POST", "/start_weight_update"), ("POST", "/update_weights"), ("POST", "/finish_weight_update"),
             ("POST", "/reset_prefix_cache")]
@@ -289,10 +289,7 @@ def test_the_bodies_parse_in_the_installed_vllm(vllm_python):
 
 
 def test_the_bench_parses_its_arguments_on_cpu(capsys):
-    spec = importlib.util.spec_from_file_location("grpo_nccl_sync_bench", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # dataclasses look their module up there
-    spec.loader.exec_module(bench)
+    bench = load_bench("grpo_nccl_sync_bench")
     args = bench.parse_args(["--out", "x.json", "--server-gpu", "2,3"])
     assert (args.methods, args.server_gpu, args.repeats) == (["nccl", "safetensors"], "2,3", 5)
     assert bench.grpo_config(args).rollout.server.gpus == "2,3"
@@ -305,10 +302,7 @@ def test_the_bench_parses_its_arguments_on_cpu(capsys):
 
 
 def test_the_bench_agreement_compares_two_methods_output_token_by_token():
-    spec = importlib.util.spec_from_file_location("grpo_nccl_sync_bench", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
+    bench = load_bench("grpo_nccl_sync_bench")
     from scalelab.grpo.rollout import RolloutBatch
 
     def batch(ids, lps):

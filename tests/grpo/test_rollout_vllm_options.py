@@ -17,6 +17,7 @@ from scalelab.grpo.rollout import (EngineContext, EngineOutputError, SamplingPar
                                    _server_spec, colocated_llm_kwargs, dict_sampled_logprobs, flat_sampled_logprobs,
                                    ipc_weight_chunks, load_ipc_weights, sampled_logprobs, vllm_tuning_flags)
 from scalelab.serve.engines import build_command
+from tests.bench_script import load_bench
 
 
 @dataclass
@@ -272,19 +273,9 @@ def test_captured_size_below():
 # bench/grpo_rollout_bench.py records the options of its run
 
 
-def load_bench():
-    import importlib.util
-    path = Path(__file__).resolve().parents[2] / "bench" / "grpo_rollout_bench.py"
-    spec = importlib.util.spec_from_file_location("grpo_rollout_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # dataclasses look their module up there
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_bench_records_asked_options_and_skips_syncs(tmp_path):
     from scalelab.core.jsonio import read_json
-    bench = load_bench()
+    bench = load_bench("grpo_rollout_bench")
     out = tmp_path / "v.json"
     assert bench.main(["--tiny", "--no-sync", "--no-update", "--max-num-seqs", "64", "--cudagraph-max", "64",
                        "--no-flat-logprobs", "--out", str(out)]) == 0
@@ -299,7 +290,7 @@ def test_bench_records_asked_options_and_skips_syncs(tmp_path):
 
 
 def test_bench_refuses_bad_options_before_loading_anything(capsys):
-    bench = load_bench()
+    bench = load_bench("grpo_rollout_bench")
     with pytest.raises(SystemExit):
         bench.parse_args(["--cudagraph-max", "1000", "--out", "x.json"])
     assert "it would use 992" in capsys.readouterr().err

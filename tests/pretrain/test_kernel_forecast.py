@@ -2,25 +2,19 @@
 whose calibrating kernels run at 1 and 4 GB/s."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench_script import load_bench
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def fc():
-    spec = importlib.util.spec_from_file_location("pretrain_kernel_forecast",
-                                                  REPO / "bench" / "pretrain_kernel_forecast.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    return load_bench("pretrain_kernel_forecast")
 
 
 def profile(fc, **ms) -> dict:

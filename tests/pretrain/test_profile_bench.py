@@ -2,20 +2,14 @@
 kernel intervals, kernels are binned by name, per-step figures divide by the profiled steps."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_pretrain_profile.py"
+from tests.bench_script import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_pretrain_profile", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("gpu_pretrain_profile")
 
 
 def kernel(name: str, ts: float, dur: float) -> dict:

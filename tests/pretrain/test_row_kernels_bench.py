@@ -2,24 +2,15 @@
 gaps between a kernel's outputs and the reference's, by hand."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench_script import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))  # the script imports gpu_fp8_gemm beside it
-    spec = importlib.util.spec_from_file_location("gpu_row_kernels", BENCH / "gpu_row_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(BENCH))
+    return load_bench("gpu_row_kernels")  # which imports gpu_fp8_gemm beside it
 
 
 def test_agreement_by_hand(bench):
