@@ -93,7 +93,7 @@ def cross_entropy_rows_(logits: torch.Tensor, targets: torch.Tensor, vocab_size:
 
 
 def cross_entropy_rows_e5m2(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, block: int = 4096,
-                            tile: tuple[int, int] = (64, 128),
+                            tile: tuple[int, int] = (32, 128),
                             tile_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For an FP8 head: (per-row loss (rows,), g8 (rows, Vp), g8t (Vp, rows)) with g8 = e5m2 of (softmax -
     one_hot) * E5M2_MAX over the first vocab_size columns (0 in the padded ones) and g8t its transpose; the

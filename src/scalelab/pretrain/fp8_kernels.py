@@ -22,6 +22,10 @@ from scalelab.pretrain.triton_support import INTERPRETED, require_triton, tl, tr
 
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0  # torch.finfo(torch.float8_e4m3fn / float8_e5m2).max
 GELU_K = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of GELU (Hendrycks & Gimpel 2016)
+# Warps per 3,072-wide row, the fastest of 4/8/16 timed on an H200 at 131,072 rows
+# (results/h200/pretrain_variants_round5.json, row_kernels): GELU 0.70 ms at 16 against 0.99 at 8; its gradient,
+# which holds two inputs per thread, 0.75 ms at 4 against 0.79 at 8.
+GELU_WARPS, GELU_GRAD_WARPS = 16, 4
 
 
 def fp8_codes(x, E5M2: tl.constexpr, HW: tl.constexpr):
@@ -120,7 +124,7 @@ if triton is not None:  # module-level kernels torch.compile can place in its gr
 
 
 def _launch(kernel, inputs: list[torch.Tensor], e5m2: bool,
-            num_warps: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            num_warps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x = inputs[0]
     require_triton(x, "train.fp8_gelu_kernel", "train.fp8_gelu_kernel=false")
     if any(t.dim() != 2 or not t.is_contiguous() for t in inputs):
@@ -129,19 +133,19 @@ def _launch(kernel, inputs: list[torch.Tensor], e5m2: bool,
     out = torch.empty(rows, n, dtype=torch.bfloat16, device=x.device)
     out8 = torch.empty(rows, n, dtype=torch.uint8, device=x.device)
     inv = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
-    block = triton.next_power_of_2(n)  # a whole row per program; 8 warps for 4k-wide rows: 16 values a thread
-    kernel[(rows,)](*inputs, out, out8, inv, N=n, BLOCK=block, K=GELU_K, HW=not INTERPRETED,
-                    num_warps=num_warps or min(max(block // 512, 1), 8))
+    block = triton.next_power_of_2(n)  # a whole row per program
+    kernel[(rows,)](*inputs, out, out8, inv, N=n, BLOCK=block, K=GELU_K, HW=not INTERPRETED, num_warps=num_warps)
     return out, out8.view(torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn), inv
 
 
-def gelu_rows(h: torch.Tensor, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(a bf16, a8 e4m3, 1/scale (rows, 1)) for a = gelu_tanh(h), h (rows, features); num_warps None: the
-    default by row width (bench/gpu_row_kernels.py times others)."""
+def gelu_rows(h: torch.Tensor,
+              num_warps: int = GELU_WARPS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(a bf16, a8 e4m3, 1/scale (rows, 1)) for a = gelu_tanh(h), h (rows, features); bench/gpu_row_kernels.py
+    times other num_warps."""
     return _launch(_GELU_ROWS, [h], False, num_warps)
 
 
 def gelu_grad_rows(da: torch.Tensor, h: torch.Tensor,
-                   num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   num_warps: int = GELU_GRAD_WARPS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(gh bf16, gh8 e5m2, 1/scale (rows, 1)) for gh = da * gelu_tanh'(h)."""
     return _launch(_GELU_GRAD_ROWS, [da, h], True, num_warps)
