@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from scalelab.pretrain.shards import (HEADER_BYTES, MAGIC, ShardError, StreamPosition, TokenStream, list_shards,
-                                      manifest_hash, read_header, read_shard, write_shard)
+                                      ValWindows, manifest_hash, read_header, read_shard, write_shard)
 
 
 def _write_raw(path, header_ints: list[int], tokens: list[int]) -> None:
@@ -161,3 +161,33 @@ def test_shuffled_stream_is_a_seeded_permutation_shared_by_ranks(two_shards):
 def test_stream_refuses_shards_too_small(two_shards):
     with pytest.raises(ShardError, match="fewer than 61 tokens"):
         TokenStream(two_shards, batch=3, seq=10, world=2)
+
+
+def test_val_windows_span_shards_and_ignore_the_batch(tmp_path):
+    write_shard(tmp_path / "val_000000.bin", np.arange(10))  # windows of T+1=4 at stride 3: [0..3] [3..6] [6..9]
+    write_shard(tmp_path / "val_000001.bin", np.arange(100, 108))  # [100..103] [103..106]
+    files = list_shards(tmp_path, "val")
+    v = ValWindows(files, seq=3)
+    assert v.count == 5
+    assert v.rows(2, 2).tolist() == [[6, 7, 8, 9], [100, 101, 102, 103]]
+    assert ValWindows(files, seq=3, budget_tokens=7).count == 2  # 7 // 3
+    x, y, w = next(ValWindows(files, seq=3, budget_tokens=100).batches(8))  # the budget caps at the split
+    assert (x[:, 0].tolist(), y[:, -1].tolist(), w) == ([0, 3, 6, 100, 103], [3, 6, 9, 103, 106], 5)
+
+
+def test_val_windows_split_over_ranks_once_each_with_matched_calls(tmp_path):
+    write_shard(tmp_path / "val_000000.bin", np.arange(31))  # 10 windows at T=3
+    v = ValWindows(list_shards(tmp_path, "val"), seq=3)
+    r0, r1 = list(v.batches(3, 0, 2)), list(v.batches(3, 1, 2))  # 4 batches: 3, 3, 3, 1 windows
+    assert len(r0) == len(r1) == 2
+    assert [w for *_, w in r0] == [3, 3] and [w for *_, w in r1] == [3, 1]
+    seen = sorted(int(x[i, 0]) for x, _, w in r0 + r1 for i in range(w))
+    assert seen == [3 * k for k in range(10)]
+    assert [w for *_, w in v.batches(4, 1, 3)] == [4]  # 3 batches (4, 4, 2) over 3 ranks: one each
+    assert [w for *_, w in v.batches(4, 4, 5)] == [0]  # over 5 ranks the last two re-read one with weight 0
+
+
+def test_val_windows_refuse_a_split_shorter_than_a_window(tmp_path):
+    write_shard(tmp_path / "val_000000.bin", np.arange(3))
+    with pytest.raises(ShardError, match="no window of block_size\\+1 = 4 tokens"):
+        ValWindows(list_shards(tmp_path, "val"), seq=3)

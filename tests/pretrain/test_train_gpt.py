@@ -20,7 +20,7 @@ from scalelab.core.jsonio import iter_jsonl
 from scalelab.pretrain import train_gpt
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
 from scalelab.pretrain.fp8 import FP8Linear
-from scalelab.pretrain.shards import write_shard
+from scalelab.pretrain.shards import read_shard, write_shard
 
 VOCAB = 256
 TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
@@ -375,3 +375,21 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_before_building(monkey
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     require_fp8(torch.device("cuda", 0))   # Hopper passes
     require_fp8(torch.device("cpu"))       # CPU: torch._scaled_mm's reference kernels (the tests)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 7])
+def test_val_loss_scores_the_same_tokens_for_any_micro_batch(data_dir, tmp_path, batch):
+    """val_tokens=200 at T=16: the first 12 windows (targets val[1:193]) at any B; a B*T stride would score
+    7 windows at B=7 and 9 at B=3."""
+    import contextlib
+    cfg = make_cfg(data_dir, tmp_path / "r", "data.val_tokens=200", f"train.micro_batch_size={batch}")
+    torch.manual_seed(0)
+    model = train_gpt.GPT(cfg.model)
+    got = train_gpt.evaluate(model, cfg, 0, 1, torch.device("cpu"), contextlib.nullcontext())
+    val = torch.from_numpy(np.asarray(read_shard(data_dir / "val_000000.bin")[:193], dtype=np.int64))
+    windows = torch.stack([val[i * 16:i * 16 + 17] for i in range(12)])
+    with torch.no_grad():
+        logits, _ = model(windows[:, :-1])
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), windows[:, 1:].reshape(-1))
+    assert got == pytest.approx(expected.item(), rel=1e-5)
+    assert model.training  # evaluate hands the model back in train mode

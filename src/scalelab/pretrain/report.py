@@ -211,19 +211,17 @@ def cost_summary(sessions: list[list[dict]], world: int, price: tuple[float | No
                        cost_usd=None if per_hour is None else hours * per_hour, is_cpu=is_cpu)
 
 
-def unigram_baseline(cfg: PretrainConfig, world: int) -> float | None:
+def unigram_baseline(cfg: PretrainConfig) -> float | None:
     """The loss to beat first: the train-unigram cross-entropy of exactly the val tokens the trainer scores
     (its first val windows), when the data folder and its counts file are at hand; else the manifest's
     figure for the whole val split; else None."""
     from scalelab.pretrain.prepare import UNIGRAM_COUNTS_FILE, unigram_cross_entropy
     counts = Path(cfg.data.dir) / UNIGRAM_COUNTS_FILE
     if counts.is_file():
-        from scalelab.pretrain.train_gpt import make_stream, val_steps
-        targets = []
-        for rank in range(world):
-            stream = make_stream(cfg, "val", rank, world)
-            targets += [stream.next_batch()[1].ravel() for _ in range(val_steps(cfg, world))]
-        return unigram_cross_entropy(np.load(counts), np.concatenate(targets))
+        from scalelab.pretrain.train_gpt import val_windows
+        windows = val_windows(cfg)
+        targets = windows.rows(0, windows.count)[:, 1:].ravel()
+        return unigram_cross_entropy(np.load(counts), targets)
     path = Path(cfg.data.dir) / "manifest.json"
     if not path.is_file():
         return None
@@ -289,7 +287,7 @@ def summarize(run_dir: str | Path) -> ReportData:
         schedule=schedule_summary(cfg, world),
         comparisons=comparisons(pred, tps, step_ms, max(mems) if mems else None, final_val),
         cost=cost_summary(sessions, world, price_for(cfg, device, pred, prov)),
-        unigram_val_loss=unigram_baseline(cfg, world), predictions_sha256=sha,
+        unigram_val_loss=unigram_baseline(cfg), predictions_sha256=sha,
         predictions_logged_before_run=predictions_logged(events, sha), prediction=pred,
         provenance=provenance_summary(prov, starts[-1] if starts else {}))
 

@@ -180,3 +180,44 @@ class TokenStream:
 
     def state(self) -> dict:
         return {"shard": self.pos.shard, "offset": self.pos.offset, "epoch": self.pos.epoch}
+
+
+class ValWindows:
+    """The val tokens a run scores: the first `count` windows of T+1 tokens at stride T over the val shards in
+    order (all of them when the budget is 0 or larger than the split), the same tokens for any micro-batch size
+    and any number of ranks.
+
+    Reading them as the train stream does, in strides of B*T*world, would score only the first
+    floor(budget / (B*T*world)) strides: on a 1.31M-token split, 1.25M tokens at B=64 but 1.05M at B=256, so two
+    runs with different micro-batches would be scored on different text. Here batches of B windows go to the
+    ranks in turn and the last one may be short; weighting each batch's mean by its windows gives the mean over
+    exactly `count` windows."""
+
+    def __init__(self, files: list[Path], seq: int, budget_tokens: int = 0):
+        self.T, self.shards = seq, [read_shard(f) for f in files]
+        self._per_shard = np.array([(len(s) - 1) // seq for s in self.shards])
+        total = int(self._per_shard.sum())
+        self.count = min(total, budget_tokens // seq) if budget_tokens else total
+        if self.count < 1:
+            raise ShardError(f"the val split ({', '.join(str(f) for f in files)}) holds no window of "
+                             f"block_size+1 = {seq + 1} tokens within a budget of {budget_tokens} tokens")
+        self._starts = np.concatenate([[0], np.cumsum(self._per_shard)])  # first window index of each shard
+
+    def rows(self, first: int, n: int) -> np.ndarray:
+        """Windows first .. first+n-1 as an (n, T+1) int64 array."""
+        out = np.empty((n, self.T + 1), dtype=np.int64)
+        for i, w in enumerate(range(first, first + n)):
+            s = int(np.searchsorted(self._starts, w, side="right")) - 1
+            start = (w - int(self._starts[s])) * self.T
+            out[i] = self.shards[s][start:start + self.T + 1]
+        return out
+
+    def batches(self, batch: int, rank: int = 0, world: int = 1):
+        """(x, y, windows) for each of this rank's batches. Every rank yields as many batches (a rank past the last
+        real one re-reads the first with weight 0), so collectives inside a forward (FSDP2's gathers) stay matched."""
+        n_batches = -(-self.count // batch)
+        for k in range(-(-n_batches // world)):
+            j = k * world + rank
+            first, weight = (j * batch, 1) if j < n_batches else (0, 0)
+            rows = self.rows(first, min(batch, self.count - first))
+            yield rows[:, :-1].copy(), rows[:, 1:].copy(), len(rows) * weight

@@ -31,7 +31,7 @@ from scalelab.pretrain.chunked_ce import chunked_cross_entropy
 from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config, peak_flops, save_config
 from scalelab.pretrain.fp8 import FP8Linear, require_fp8, row_mlp, use_fp8
 from scalelab.pretrain.muon import build_muon_adamw
-from scalelab.pretrain.shards import StreamPosition, TokenStream, list_shards, manifest_hash, read_header
+from scalelab.pretrain.shards import StreamPosition, TokenStream, ValWindows, list_shards, manifest_hash
 
 # ------------------------------------------------------------------------------------------------
 # model: GPT-2 (Radford et al. 2019), parameter names as in HF GPT2LMHeadModel so export is a rename-free copy
@@ -165,30 +165,25 @@ def to_device(x, y, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(x).to(device, non_blocking=True), torch.from_numpy(y).to(device, non_blocking=True)
 
 
-def val_steps(cfg: PretrainConfig, world: int) -> int:
-    """Val windows per rank: the first val_tokens of the split (all of it when 0), in B*T*world strides."""
-    total = sum(read_header(f) - 1 for f in list_shards(cfg.data.dir, "val"))
-    budget = min(cfg.data.val_tokens or total, total)
-    steps = budget // (cfg.train.micro_batch_size * cfg.model.block_size * world)
-    if steps < 1:
-        raise ValueError(f"val split of {cfg.data.dir} has {total} tokens: fewer than one batch of "
-                         f"micro_batch_size*block_size*world = {cfg.train.micro_batch_size * cfg.model.block_size * world}")
-    return steps
+def val_windows(cfg: PretrainConfig) -> ValWindows:
+    """The val tokens every evaluation scores: the first data.val_tokens of the split (all of it when 0)."""
+    return ValWindows(list_shards(cfg.data.dir, "val"), cfg.model.block_size, cfg.data.val_tokens)
 
 
 @torch.no_grad()
 def evaluate(model, cfg: PretrainConfig, rank: int, world: int, device: torch.device, autocast) -> float:
+    """Mean loss per token over val_windows, the same tokens for any micro-batch size or world size."""
     model.eval()
-    stream, n = make_stream(cfg, "val", rank, world), val_steps(cfg, world)
-    total = torch.zeros((), device=device, dtype=torch.float64)
-    for _ in range(n):
-        x, y = to_device(*stream.next_batch(), device)
+    total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of batch means x windows, windows)
+    for x, y, windows in val_windows(cfg).batches(cfg.train.micro_batch_size, rank, world):
+        x, y = to_device(x, y, device)
         with autocast:
-            total += model(x, y)[1].double()
+            total[0] += model(x, y)[1].double() * windows
+        total[1] += windows
     if world > 1:
         dist.all_reduce(total)
     model.train()
-    return (total / (n * world)).item()
+    return (total[0] / total[1]).item()
 
 
 # ------------------------------------------------------------------------------------------------
