@@ -41,6 +41,7 @@ class DocInputs:
     variants2: dict | None          # the second round of throughput variants, when committed
     variants3: dict | None          # the third round, with its profiles (docs_speed.load)
     variants4: dict | None          # the fourth round, with its profiles and GEMM table
+    variants5: dict | None          # the fifth round: its kernels against their forecast, the B=256 recipe
     forecast: dict | None           # bench/pretrain_kernel_forecast.py: the next kernels' step time, before running
     recipe: PretrainConfig
     demo: dict | None               # the CPU demo's results.json, when the run folder exists
@@ -53,7 +54,8 @@ def load_inputs(repo: Path) -> DocInputs:
                      session1=read_json(repo / S1), session2=read_json(repo / S2),
                      variants=read_json(repo / VARIANTS), ladder=optional(LADDER), ttt=optional(docs_loss.TTT),
                      variants2=optional(VARIANTS2), variants3=docs_speed.load(repo),
-                     variants4=docs_speed.load(repo, docs_speed.VARIANTS4), forecast=optional(docs_speed.FORECAST),
+                     variants4=docs_speed.load(repo, docs_speed.VARIANTS4),
+                     variants5=docs_speed.load(repo, docs_speed.VARIANTS5), forecast=optional(docs_speed.FORECAST),
                      recipe=load_pretrain_config(repo / RECIPE),
                      demo=optional(f"{DEMO}/results.json"))
 
@@ -101,7 +103,7 @@ def _intro(d: DocInputs) -> list[str]:
 
 
 def _latest(d: DocInputs) -> dict:
-    return d.variants4 or d.variants3 or d.variants2 or d.variants
+    return d.variants5 or d.variants4 or d.variants3 or d.variants2 or d.variants
 
 
 def _speed_verdict(d: DocInputs) -> str:
@@ -172,7 +174,7 @@ def _variants_scored(c: dict) -> str:
     if not s:
         return ""
     return (f"Scored apart, each against `predict`'s own interval (calibrated for bf16, the priors for FP8): "
-            f"{s['runs']} recipe-variant runs of rounds 2-4 (chunked loss, FP8, B=128), {s['peak_memory_gib_inside']} "
+            f"{s['runs']} recipe-variant runs of rounds 2-5 (chunked loss, FP8, B=128/256), {s['peak_memory_gib_inside']} "
             f"inside in memory and {s['tokens_per_s_inside']} in tokens/s.")
 
 
@@ -212,7 +214,7 @@ def _predictions(d: DocInputs) -> list[str]:
 def _variant_rounds(d: DocInputs) -> list[tuple[str, dict]]:
     """(round, {variant: record}) per measurement call; each call's ratios are to the plain run beside it."""
     rounds = [("1", d.variants["variants"])]
-    for rnd, doc in (("2", d.variants2), ("3", d.variants3), ("4", d.variants4)):
+    for rnd, doc in (("2", d.variants2), ("3", d.variants3), ("4", d.variants4), ("5", d.variants5)):
         if doc is not None:
             rounds += [(rnd, call["variants"]) for call in doc["calls"].values()]
     return rounds
@@ -228,16 +230,16 @@ def _variants(d: DocInputs) -> list[str]:
                             f"{r['peak_memory_gib']:.1f} |")
     q = v["quality"]
     tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
-    plain = "; ".join(f"round {rnd}: " + ", ".join(_k(x["plain"]["tokens_per_s"]) for r, x in rounds if r == rnd)
-                      for rnd in dict.fromkeys(r for r, _ in rounds))
+    plains = [x["plain"]["tokens_per_s"] for _, x in rounds]
+    plain = f"{_k(min(plains))}–{_k(max(plains))} over {len(plains)} calls"
     return ["## Recipe variants: the speed goal", "",
             f"Goal: {v['goal']}. Each variant is the 124M recipe on one H200, 10-12 steps, beside a plain run in "
             f"the same call (plain: {plain}).", "", *rows, "", *_variants_notes(d),
             f"Quality: `{q['variant_sets']}` trained side by side with plain to {tokens / 1e6:.1f}M tokens (same "
             f"seed and data order) ends {q['final_val_diff']:+.4f} off in val loss; the chunked loss computes the "
-            "same loss exactly.", "", *docs_speed.quality_sentence(d.variants3, d.variants4),
+            "same loss exactly.", "", *docs_speed.quality_sentence(d.variants3, d.variants4, d.variants5),
             f"**Verdict: {_latest(d)['verdict']}.**", "", *_next_steps(d),
-            *docs_speed.profile_section(d.variants3, d.variants4, d.forecast)]
+            *docs_speed.profile_section(d.variants3, d.variants4, d.forecast, d.variants5)]
 
 
 def _variants_notes(d: DocInputs) -> list[str]:
@@ -268,10 +270,10 @@ def _next_steps(d: DocInputs) -> list[str]:
             f"step and the per-step overhead {_pct(overhead_s / per_token_s)}, so {_k(goal)} tokens/s needs the "
             f"executed-FLOP efficiency u to rise from {t.mfu_matmul:.2f} to {needed(loss_s + overhead_s):.2f}, or "
             f"to {needed(overhead_s):.2f} with the loss term gone. The chunked loss gave about the size of that "
-            "term. " + ("Left to try: FP8 forward GEMMs with fast accumulation (`train.fp8_fast_accum`, built, not "
+            "term." + (" Left to try: FP8 forward GEMMs with fast accumulation (`train.fp8_fast_accum`, built, not "
                         "yet measured), a fused linear + cross-entropy kernel (llm.c's fused classifier), row-wise "
                         "FP8 scales (torchao float8), an autotuned compile given the minutes it needs."
-                        if d.variants3 is None else "The profiles below say where the rest of the step goes."), ""]
+                        if d.variants3 is None else ""), ""]
 
 
 def _scaling(d: DocInputs) -> list[str]:
