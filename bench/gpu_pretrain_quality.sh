@@ -4,7 +4,8 @@
 # counts; speed that costs more than 0.02 of val loss does not count. Writes $OUT/pretrain_quality.json.
 #   usage: bash bench/gpu_pretrain_quality.sh VARIANT_SETS...   e.g. 'train.fp8="all"' 'train.attention="cudnn"'
 #   On one GPU: GPU_PLAIN=0 GPU_VARIANT=0 trains both at once on it (the losses do not depend on the sharing; the
-#   speeds then mean nothing).
+#   speeds then mean nothing); SEQUENTIAL=1 trains one after the other, for a variant that does not fit beside plain
+#   (B=256 takes 100 GiB). Val: the first data.val_tokens of the split for both, whatever their micro-batch.
 set -uo pipefail
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; QSTEPS=${QSTEPS:-120}; DATA=${DATA:-.gpu-data/sharegpt}
@@ -14,6 +15,7 @@ common=(--config configs/pretrain/gpt2-124m-fineweb-edu.toml --set "data.dir=\"$
         --set train.checkpoint_every=0 --set schedule.warmup_steps=$((QSTEPS / 10)) --set optim.min_lr_ratio=0.1)
 CUDA_VISIBLE_DEVICES=${GPU_PLAIN:-0} python3 src/scalelab/pretrain/train_gpt.py "${common[@]}" --set run.name=\"plain\" \
   > /tmp/quality-plain.log 2>&1 &
+[ "${SEQUENTIAL:-0}" = 1 ] && wait
 CUDA_VISIBLE_DEVICES=${GPU_VARIANT:-1} python3 src/scalelab/pretrain/train_gpt.py "${common[@]}" --set run.name=\"variant\" "${sets[@]}" \
   > /tmp/quality-variant.log 2>&1 &
 wait

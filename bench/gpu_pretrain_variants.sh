@@ -16,7 +16,9 @@
 #   ...-gk: GELU and its gradient fused with their per-row FP8 casts (train.fp8_gelu_kernel),
 #   cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk: the same at B=256, grad-accum 2 (half the per-micro-step casts
 #   of the weights and half the launches; 16 chunks keep each loss chunk at 16k rows),
-#   ...-at: the same with Inductor autotuning its kernels (max-autotune-no-cudagraphs; minutes of compile),
+#   ...-at: the same with Inductor autotuning its kernels (max-autotune-no-cudagraphs; fails in torch 2.11: its
+#   Triton GEMM template takes no FP8 operand), ...-cd: Inductor's own Triton kernels tuned by coordinate descent
+#   at first call, GEMMs left alone (train.compile_tune_kernels; minutes of compile: raise VARIANT_TIMEOUT),
 #   cudnn-fp8-all-autotune / cudnn-fp8-all-graphs (train.compile_mode: autotuned kernels, then CUDA graphs too;
 #   autotuning compiles for minutes: raise VARIANT_TIMEOUT). A name "_" holds a place in the round-robin and runs
 #   nothing: GPUS="0 1" ... plain cudnn-fp8-all-autotune cudnn-fp8-all _ puts both short ones on GPU 0.
@@ -54,6 +56,7 @@ declare -A VARIANTS=(
   [cudnn-fp8row-all-chunks8-b128-tk8-fast-mk-gk]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=8 --set train.micro_batch_size=128 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true"
   [cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true"
   [cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk-at]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true --set train.compile_mode=\"max-autotune-no-cudagraphs\""
+  [cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk-cd]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true --set train.compile_tune_kernels=true"
   [cudnn-chunks8-b128-tk]="--set train.attention=\"cudnn\" --set train.loss_chunks=8 --set train.micro_batch_size=128 --set train.loss_kernel=\"triton\""
   [cudnn-fp8-all-graphs]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.compile_mode=\"max-autotune\""
 )

@@ -115,6 +115,8 @@ def test_overfit_one_batch(data_dir, tmp_path):
     summary = train_gpt.train(cfg)
     first = losses(cfg.run_dir)[1]
     assert first == pytest.approx(math.log(VOCAB), abs=0.3)
+    start = next(r for r in iter_jsonl(cfg.run_dir / "metrics.jsonl") if r["event"] == "run_start")
+    assert start["val_tokens_scored"] == (2_000 - 1) // 16 * 16  # the whole 2,000-token val split, in windows
     assert summary["final_train_loss"] < 0.05 * first
 
 
@@ -364,6 +366,16 @@ def test_compile_multi_kernel_reaches_inductor():
             train_gpt.wrap_model(train_gpt.GPT(cfg.model), cfg, 1, torch.device("cpu"), torch.float32)
             caches = (inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache)
             assert inductor_config.triton.multi_kernel == want and caches == (not flag, not flag)
+
+
+def test_compile_tune_kernels_reaches_inductor():
+    import torch._inductor.config as inductor_config
+    with inductor_config.patch({"coordinate_descent_tuning": False}):
+        for flag in (False, True):
+            cfg = load_pretrain_config(None, [*TINY, "train.compile=true",
+                                              f"train.compile_tune_kernels={str(flag).lower()}"])
+            train_gpt.wrap_model(train_gpt.GPT(cfg.model), cfg, 1, torch.device("cpu"), torch.float32)
+            assert inductor_config.coordinate_descent_tuning is flag
 
 
 def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_before_building(monkeypatch):

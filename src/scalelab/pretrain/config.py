@@ -102,6 +102,10 @@ class TrainConfig:
                                               "looped and keeps the faster, timed at its first call "
                                               "(triton.multi_kernel): one-pass rows up to 16k wide, e.g. a per-row "
                                               "FP8 amax over 3,072 GELU outputs")
+    compile_tune_kernels: bool = param(False, "Inductor tunes each of its Triton pointwise/reduction kernels' "
+                                              "block sizes and warps by coordinate descent at first call "
+                                              "(coordinate_descent_tuning); GEMMs untouched, where max-autotune's "
+                                              "Triton GEMM template refuses FP8 operands (torch 2.11)")
     parallel: Literal["ddp", "fsdp2"] = param("ddp", "data-parallel wrapper when world size > 1")
     fp8: Literal["none", "lm_head", "blocks", "all"] = param(
         "none", "FP8 matmuls (e4m3 forward, e5m2 gradients, per-tensor scales): the output head only, every "

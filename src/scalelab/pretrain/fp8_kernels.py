@@ -9,8 +9,8 @@ row in registers, so h is read once and a, a8 and the row's scale are written on
 On the GPU, FP8 and bf16 values come from the hardware's casts (cvt.rn.satfinite: round to nearest-even, as
 torch's casts for values in range); Triton's CPU interpreter truncates instead, so there (HW=False) the kernels
 round to nearest-even in integer arithmetic, and the CPU tests check those bytes against torch's casts. On sm_90
-(Triton 3.6, 8 warps) the hardware's casts make the two kernels 760 and 632 SASS instructions long against 1,112
-and 904 with the integer rounding (bench/triton_kernel_sass.py, which compiles them without a GPU).
+(Triton 3.6, at their launch warps) the hardware's casts make the two kernels 280 and 1,152 SASS instructions long
+against 432 and 1,704 with the integer rounding (bench/triton_kernel_sass.py, which compiles them without a GPU).
 """
 from __future__ import annotations
 

@@ -29,16 +29,16 @@ class KernelBuild:
         return getattr({"ce_kernel": ce_kernel, "fp8_kernels": fp8_kernels}[self.module], self.kernel)
 
 
-GELU = {"N": 3072, "BLOCK": 4096, "K": fp8_kernels.GELU_K, "HW": True}  # 8 warps: fp8_kernels._launch at 4k
+GELU = {"N": 3072, "BLOCK": 4096, "K": fp8_kernels.GELU_K, "HW": True}  # warps: as fp8_kernels launches them
 BUILDS = {
-    "gelu_rows": KernelBuild("_GELU_ROWS", "fp8_kernels", "*bf16 *bf16 *u8 *fp32", GELU, 8,
+    "gelu_rows": KernelBuild("_GELU_ROWS", "fp8_kernels", "*bf16 *bf16 *u8 *fp32", GELU, fp8_kernels.GELU_WARPS,
                              ("cvt.rn.bf16", "cvt.rn.satfinite.e4m3x2.f32")),
-    "gelu_grad_rows": KernelBuild("_GELU_GRAD_ROWS", "fp8_kernels", "*bf16 *bf16 *bf16 *u8 *fp32", GELU, 8,
-                                  ("cvt.rn.bf16", "cvt.rn.satfinite.e5m2x2.f32")),
+    "gelu_grad_rows": KernelBuild("_GELU_GRAD_ROWS", "fp8_kernels", "*bf16 *bf16 *bf16 *u8 *fp32", GELU,
+                                  fp8_kernels.GELU_GRAD_WARPS, ("cvt.rn.bf16", "cvt.rn.satfinite.e5m2x2.f32")),
     "ce_rows": KernelBuild("_CE_ROWS", "ce_kernel", "*bf16 i64 *i64 *fp32 *fp32 fp32",
                            {"VOCAB": 50257, "PADDED": 50304, "WANT_GRAD": True, "BLOCK": 4096}, 4, ("cvt.rn.bf16",)),
     "ce_grad_e5m2": KernelBuild("_CE_GRAD_E5M2", "ce_kernel", "*bf16 i64 *fp32 *i64 *u8 *u8 i32",
-                                {"VOCAB": 50257, "PADDED": 50304, "SCALE": 57344.0, "BR": 64, "BV": 128, "HW": False},
+                                {"VOCAB": 50257, "PADDED": 50304, "SCALE": 57344.0, "BR": 32, "BV": 128, "HW": False},
                                 4, ()),  # integer rounding on the GPU too: ce_kernel._ce_grad_e5m2 says why
 }
 

@@ -296,6 +296,9 @@ def wrap_model(model: nn.Module, cfg: PretrainConfig, world: int, device: torch.
         import torch._inductor.config as inductor_config    # MultiKernelCall.load_cache)
         inductor_config.triton.multi_kernel, inductor_config.fx_graph_cache = 1, False
         functorch_config.enable_autograd_cache = False
+    if cfg.train.compile and cfg.train.compile_tune_kernels:
+        import torch._inductor.config as inductor_config
+        inductor_config.coordinate_descent_tuning = True
     if cfg.train.compile and cfg.train.compile_scope == "blocks":
         for i, block in enumerate(model.transformer.h):
             model.transformer.h[i] = torch.compile(block, mode=mode)  # checkpoint keys stay clean: DCP strips _orig_mod
@@ -400,7 +403,8 @@ def train(cfg: PretrainConfig) -> dict:
     pred_sha = _sha_or_none(run_dir / "predictions.json")
     log("run_start", step=step, n_params=n_params, world_size=world, grad_accum=accum, tokens_per_step=tok_per_step,
         device=str(device), dtype=str(dtype), torch=torch.__version__, manifest_sha256=data_sha,
-        predictions_sha256=pred_sha, flops_per_token=fpt)
+        predictions_sha256=pred_sha, flops_per_token=fpt,
+        val_tokens_scored=val_windows(cfg).count * cfg.model.block_size)
     if state is not None:
         log("resume", step=step, data=state["data"])
     return _loop(model, optimizer, stream, cfg, rank, world, device, autocast, accum, fixed, step, log,
