@@ -4,9 +4,9 @@ same work in the same run:
   gelu_grad  da * GELU'(h) + per-row e5m2 cast (its backward); da, h in; gh, gh8, 1/scale out
   loss_e5m2  one 16k x 50k chunk of the FP8 head's loss: train.loss_kernel='triton-e5m2' (e5m2 gradient in both
              layouts) against 'triton' followed by what it replaces (the static e5m2 cast and its transposed copy)
-Each kernel at several launch shapes (warps; the loss tile), its ms (median of --repeats after warm-up), the bytes
-it must move over that time, and its outputs checked against the reference (bf16 values, FP8 codes one apart at
-most). The reference is compiled as the trainer's step is (torch.compile, default mode). CUDA only.
+Each kernel at several launch shapes (warps; the loss tile, rounding in integers or by the "hw" cast), its ms
+(median of --repeats after warm-up), the bytes it must move over that time, and its outputs checked against the
+reference (bf16 values, FP8 codes one apart at most). The reference is compiled as the trainer's step is (torch.compile, default mode). CUDA only.
 
     PYTHONPATH=src python3 bench/gpu_row_kernels.py --out $OUT/row_kernels.json
 """
@@ -95,13 +95,15 @@ def loss_table(rows: int, vocab: int, padded: int, repeats: int) -> dict:
     ref8 = bf16_then_cast()[0].view(torch.uint8).int()
     elems = rows * padded
     out = {"loss triton + cast": {"ms": ref_ms, "tb_per_s": elems * (2 + 2 + 2 + 2 + 1 + 1) / ref_ms / 1e9}}
-    for tile, warps in (((64, 128), 4), ((64, 128), 8), ((32, 128), 4), ((32, 128), 8), ((16, 128), 4),
-                        ((32, 256), 4), ((32, 256), 8), ((64, 64), 4)):
-        run = lambda: cross_entropy_rows_e5m2(logits, targets, vocab, tile=tile, tile_warps=warps)  # noqa: E731
+    for tile, warps, hw in (((64, 128), 4, False), ((64, 128), 8, False), ((32, 128), 4, False),
+                            ((32, 128), 8, False), ((16, 128), 4, False), ((32, 256), 4, False), ((32, 256), 8, False),
+                            ((64, 64), 4, False), ((32, 128), 4, True), ((32, 128), 8, True), ((16, 128), 4, True)):
+        run = lambda: cross_entropy_rows_e5m2(logits, targets, vocab, tile=tile, tile_warps=warps,  # noqa: E731
+                                              hw_cast=hw)
         ms = time_ms(run, repeats)
         _, g8, g8t = run()
         codes = (g8.view(torch.uint8).int() - ref8).abs()  # direct rounding against bf16-then-e5m2: one code apart
-        out[f"loss e5m2 tile {tile[0]}x{tile[1]} w{warps}"] = {
+        out[f"loss e5m2 tile {tile[0]}x{tile[1]} w{warps}{' hw' if hw else ''}"] = {
             "ms": ms, "tb_per_s": elems * (2 + 2 + 1 + 1) / ms / 1e9, "vs_bf16_path": ref_ms / ms,
             "max_code_diff": codes.max().item(), "transpose_exact": bool(torch.equal(g8t.t(), g8))}
     return out

@@ -78,6 +78,8 @@ def test_rows_e5m2_gradient_in_both_layouts():
     normal = ref.abs() >= torch.finfo(torch.float8_e5m2).smallest_normal
     assert g8.dtype == torch.float8_e5m2 and diff[normal].max() == 0 and diff.max() <= 1  # fp8_kernels.fp8_codes
     assert torch.equal(codes(g8t), codes(g8).t()) and torch.count_nonzero(codes(g8)[:, V:]) == 0
+    _, hw8, _ = ce_kernel.cross_entropy_rows_e5m2(work, t, V, block=64, tile=(16, 64), hw_cast=True)
+    assert torch.equal(codes(hw8), codes(g8))  # the interpreter truncates its casts: it rounds in integers either way
     assert torch.equal(work, logits)  # read, not overwritten
     assert torch.allclose(loss, F.cross_entropy(logits[:, :V].float(), t, reduction="none"), rtol=1e-5)
     assert ce_kernel.E5M2_MAX == torch.finfo(torch.float8_e5m2).max

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from scalelab.pretrain.fp8_kernels import E5M2_MAX, fp8_codes
-from scalelab.pretrain.triton_support import require_triton, tl, triton
+from scalelab.pretrain.triton_support import INTERPRETED, require_triton, tl, triton
 
 
 def _ce_rows(logits_ptr, stride, targets_ptr, loss_ptr, lse_ptr, inv_n, VOCAB: tl.constexpr,
@@ -93,12 +93,14 @@ def cross_entropy_rows_(logits: torch.Tensor, targets: torch.Tensor, vocab_size:
 
 
 def cross_entropy_rows_e5m2(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, block: int = 4096,
-                            tile: tuple[int, int] = (32, 128),
-                            tile_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            tile: tuple[int, int] = (32, 128), tile_warps: int = 4,
+                            hw_cast: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For an FP8 head: (per-row loss (rows,), g8 (rows, Vp), g8t (Vp, rows)) with g8 = e5m2 of (softmax -
     one_hot) * E5M2_MAX over the first vocab_size columns (0 in the padded ones) and g8t its transpose; the
     gradient of the mean loss over N rows is g8 / (E5M2_MAX * N). The logits are read twice and left unchanged;
-    the bf16 gradient, its cast and its transposed copy are never written."""
+    the bf16 gradient, its cast and its transposed copy are never written. hw_cast: round with the hardware's cast
+    (fewer instructions in all but twice the exps and loads, _ce_grad_e5m2 says why; bench/gpu_row_kernels.py
+    times both); the interpreter always rounds in integers."""
     _check(logits)
     rows, padded = logits.shape
     loss, lse = torch.empty(2, rows, dtype=torch.float32, device=logits.device).unbind(0)
@@ -108,5 +110,6 @@ def cross_entropy_rows_e5m2(logits: torch.Tensor, targets: torch.Tensor, vocab_s
     g8t = torch.empty(padded, rows, dtype=torch.uint8, device=logits.device)
     grid = (triton.cdiv(rows, tile[0]), triton.cdiv(padded, tile[1]))
     _CE_GRAD_E5M2[grid](logits, logits.stride(0), lse, targets, g8, g8t, rows, VOCAB=vocab_size, PADDED=padded,
-                        SCALE=E5M2_MAX, BR=tile[0], BV=tile[1], HW=False, num_warps=tile_warps)
+                        SCALE=E5M2_MAX, BR=tile[0], BV=tile[1], HW=hw_cast and not INTERPRETED,
+                        num_warps=tile_warps)
     return loss, g8.view(torch.float8_e5m2), g8t.view(torch.float8_e5m2)

@@ -174,8 +174,8 @@ def _variants_scored(c: dict) -> str:
     if not s:
         return ""
     return (f"Scored apart, each against `predict`'s own interval (calibrated for bf16, the priors for FP8): "
-            f"{s['runs']} recipe-variant runs of rounds 2-5 (chunked loss, FP8, B=128/256), {s['peak_memory_gib_inside']} "
-            f"inside in memory and {s['tokens_per_s_inside']} in tokens/s.")
+            f"{s['runs']} recipe-variant runs of rounds 2-5 (chunked loss, FP8, B=128/256), "
+            f"{s['peak_memory_gib_inside']} inside in memory and {s['tokens_per_s_inside']} in tokens/s.")
 
 
 def _extrapolation(d: DocInputs) -> float:

@@ -150,17 +150,12 @@ def quality_sentence(v3: dict | None, v4: dict | None = None, v5: dict | None = 
             continue
         q, best = doc["quality"], doc["best"]
         tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
-        head = (f"The {rnd} round's fastest, `{best['variant']}` ({thousands(best['tokens_per_s'])} tokens/s, "
-                f"{best['speedup_vs_plain']:.3f}x)")
-        out += [f"{head}, trained beside plain to {tokens / 1e6:.1f}M tokens, ends "
-                f"{q['final_val_diff']:+.4f} off in val loss{_within(q)}, "
+        out += [f"The {rnd} round's fastest, `{best['variant']}` ({thousands(best['tokens_per_s'])} tokens/s, "
+                f"{best['speedup_vs_plain']:.3f}x), trained beside plain to {tokens / 1e6:.1f}M tokens, ends "
+                f"{q['final_val_diff']:+.4f} off in val loss (within 0.02: {'yes' if q['within_0.02'] else 'no'}), "
                 f"at {q['peak_memory_gib']['variant']:.0f} GiB against {q['peak_memory_gib']['plain']:.0f}: {why}.",
                 ""]
     return out
-
-
-def _within(q: dict) -> str:
-    return f" (within 0.02: {'yes' if q['within_0.02'] else 'no'})"
 
 
 def _quality5(v5: dict, earlier: list[float]) -> list[str]:
@@ -169,8 +164,9 @@ def _quality5(v5: dict, earlier: list[float]) -> list[str]:
     shift = q["subset_shift_estimate"]["value"]
     moved = [d for n, d in v5["quality_ablation"]["final_val_diff_vs_tk"].items() if n != "tk"]
     diffs = ", ".join(f"{x:+.4f}" for x in [*earlier, q["final_val_diff_as_measured"]])
-    return [f"The fastest recipes of rounds 3-5 ended {diffs} off plain. These checks scored plain (B=64) and the B=128/256 recipes on different val prefixes: the trainer read val in "
-            "B·T strides, now fixed (`shards.ValWindows`). A train-unigram proxy (`bench/val_subset_shift.py`) "
+    return [f"The fastest recipes of rounds 3-5 ended {diffs} off plain. These checks scored plain (B=64) and the "
+            "B=128/256 recipes on different val prefixes: the trainer read val in B·T strides, now fixed "
+            "(`shards.ValWindows`). A train-unigram proxy (`bench/val_subset_shift.py`) "
             f"prices the B=256 prefix at {shift:+.3f}, leaving {q['final_val_diff_estimated_same_tokens']:+.3f} for "
             f"the recipe; at equal B the round-5 kernels move the loss by {min(moved):+.3f} to {max(moved):+.3f}. "
             "Quality is unproven until rerun on equal tokens.", ""]
