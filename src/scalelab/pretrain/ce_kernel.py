@@ -55,8 +55,10 @@ def _ce_grad_e5m2(logits_ptr, stride, lse_ptr, targets_ptr, g8_ptr, g8t_ptr, row
     (for d/dh) and transposed (for d/dW: cuBLAS's FP8 GEMM wants both operands contiguous along the token axis).
     |softmax - one_hot| <= 1, so SCALE = E5M2_MAX is a static scale. The launch rounds in integers (HW=False) on
     the GPU too: with the hardware's cast, Triton (3.6, sm_90) recomputes the tile's exp in the transposed store's
-    layout and moves the bf16 logits through shared memory instead of the bytes: twice the exps, 96 registers
-    against 72 at the launch's 32 x 128 tile (213 against 116 at 64 x 128; bench/triton_kernel_sass.py)."""
+    layout and moves the bf16 logits through shared memory instead of the bytes: twice the exps, 60 registers
+    against 39 at the launch's 32 x 128 tile and 8 warps (213 against 116 at 64 x 128 and 4 warps;
+    bench/triton_kernel_sass.py). That launch was the fastest timed alone on an H200: 1.95 ms per 16k x 50k chunk
+    against 2.03 at 4 warps and 2.18 at 64 x 128 (results/h200/pretrain_variants_round5.json, row_kernels)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     c = tl.program_id(1) * BV + tl.arange(0, BV)
     inside = (r[:, None] < rows) & (c[None, :] < PADDED)
@@ -93,7 +95,7 @@ def cross_entropy_rows_(logits: torch.Tensor, targets: torch.Tensor, vocab_size:
 
 
 def cross_entropy_rows_e5m2(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, block: int = 4096,
-                            tile: tuple[int, int] = (32, 128), tile_warps: int = 4,
+                            tile: tuple[int, int] = (32, 128), tile_warps: int = 8,
                             hw_cast: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For an FP8 head: (per-row loss (rows,), g8 (rows, Vp), g8t (Vp, rows)) with g8 = e5m2 of (softmax -
     one_hot) * E5M2_MAX over the first vocab_size columns (0 in the padded ones) and g8t its transpose; the

@@ -22,9 +22,9 @@ from scalelab.pretrain.triton_support import INTERPRETED, require_triton, tl, tr
 
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0  # torch.finfo(torch.float8_e4m3fn / float8_e5m2).max
 GELU_K = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of GELU (Hendrycks & Gimpel 2016)
-# Warps per 3,072-wide row, the fastest of 4/8/16 timed on an H200 at 131,072 rows
-# (results/h200/pretrain_variants_round5.json, row_kernels): GELU 0.70 ms at 16 against 0.99 at 8; its gradient,
-# which holds two inputs per thread, 0.75 ms at 4 against 0.79 at 8.
+# Warps per 3,072-wide row, the fastest of 4/8/16/32 timed on an H200 at 131,072 rows
+# (results/h200/pretrain_variants_round5.json, row_kernels): GELU 0.66 ms at 16 against 0.96 at 8 and 0.94 at 32;
+# its gradient, which holds two inputs per thread, 0.76 ms at 4 against 0.79 at 8.
 GELU_WARPS, GELU_GRAD_WARPS = 16, 4
 
 
