@@ -21,13 +21,15 @@
 #   at first call, GEMMs left alone (train.compile_tune_kernels; minutes of compile: raise VARIANT_TIMEOUT),
 #   cudnn-fp8-all-autotune / cudnn-fp8-all-graphs (train.compile_mode: autotuned kernels, then CUDA graphs too;
 #   autotuning compiles for minutes: raise VARIANT_TIMEOUT). A name "_" holds a place in the round-robin and runs
-#   nothing: GPUS="0 1" ... plain cudnn-fp8-all-autotune cudnn-fp8-all _ puts both short ones on GPU 0.
+#   nothing: GPUS="0 1" ... plain cudnn-fp8-all-autotune cudnn-fp8-all _ puts both short ones on GPU 0. Each variant
+#   is compared with the plain run on its own GPU: on two, name plain2 second (GPUS="0 1" plain plain2 A B ...).
 #   Data on the device machine: carry .gpu-data/z, `bash bench/gpu_data.sh unpack /tmp/d`, then DATA=/tmp/d.
 set -uo pipefail
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; STEPS=${STEPS:-12}; DATA=${DATA:-.gpu-data/sharegpt}
 declare -A VARIANTS=(
   [plain]=""
+  [plain2]=""
   [cudnn]="--set train.attention=\"cudnn\""
   [fp8-head]="--set train.fp8=\"lm_head\""
   [fp8-all]="--set train.fp8=\"all\""
@@ -72,7 +74,9 @@ run_variant() {  # name gpu
     "${extra[@]}" > /tmp/variants-$name.log 2>&1
   echo "$name gpu=$2 exit=$? wall=$(( $(date +%s) - start ))s $(tail -1 /tmp/variants-$name.log)"
   rm -f /tmp/variants/$name/checkpoint.pt
+  echo "$2" > /tmp/variants/$name/gpu 2>/dev/null
 }
+rm -rf /tmp/variants /tmp/variants-*.log  # this call's runs only, also on a machine still warm from the last
 gpus=(${GPUS:-0}); i=0
 for g in "${gpus[@]}"; do
   ( for ((j = i; j < ${#names[@]}; j += ${#gpus[@]})); do run_variant "${names[$j]}" "$g"; done ) &
@@ -82,14 +86,17 @@ wait
 tar czf $OUT/pretrain_variants.tgz -C /tmp variants $(cd /tmp && ls variants-*.log) 2>/dev/null
 python3 - "$OUT/pretrain_variants.json" <<'PY'
 import json, pathlib, sys
-rows, base = {}, None
+rows = {}
 for p in sorted(pathlib.Path('/tmp/variants').glob('*/train_summary.json')):
-    s = json.loads(p.read_text())
+    s, gpu = json.loads(p.read_text()), p.parent / "gpu"
     rows[p.parent.name] = {k: s[k] for k in ("tokens_per_s", "median_step_ms", "peak_memory_gib", "final_val_loss")}
-base = rows.get("plain", {}).get("tokens_per_s")
+    rows[p.parent.name]["gpu"] = int(gpu.read_text()) if gpu.is_file() else None
+plains = {r["gpu"]: r["tokens_per_s"] for n, r in rows.items() if n.startswith("plain")}  # one per GPU at most
 print(f"{'variant':16s} {'tok/s':>10s} {'x plain':>8s} {'step ms':>9s} {'peak GiB':>9s} {'val loss':>9s}")
-for name, r in rows.items():
-    r["speedup_vs_plain"] = r["tokens_per_s"] / base if base else None
+for name, r in rows.items():  # each against the plain run on its own GPU; else another GPU's, and said so
+    same = r["gpu"] in plains
+    base = plains.get(r["gpu"], next(iter(plains.values()), None))
+    r["speedup_vs_plain"], r["plain_on_same_gpu"] = (r["tokens_per_s"] / base if base else None), same
     print(f"{name:16s} {r['tokens_per_s']:10,.0f} {r['speedup_vs_plain'] or float('nan'):8.3f} "
           f"{r['median_step_ms']:9.1f} {r['peak_memory_gib']:9.2f} {r['final_val_loss']:9.4f}")
 pathlib.Path(sys.argv[1]).write_text(json.dumps(rows, indent=2) + "\n")
