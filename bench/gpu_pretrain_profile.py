@@ -57,18 +57,20 @@ def union_us(intervals: list[tuple[float, float]]) -> float:
 
 def summarize(trace: dict, wall_s: float, steps: int, top: int) -> dict:
     kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
-    per_kind, per_name = defaultdict(float), defaultdict(lambda: [0.0, 0])
+    per_kind, per_name, threads = defaultdict(float), defaultdict(lambda: [0.0, 0]), {}
     for e in kernels:
         per_kind[kind_of(e["name"])] += e["dur"]
         per_name[e["name"]][0] += e["dur"]
         per_name[e["name"]][1] += 1
+        threads.setdefault(e["name"], (e.get("args", {}).get("block") or [None])[0])  # the launch: warps = /32
     busy = union_us([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
     ms = lambda us: us / 1000 / steps  # noqa: E731  per optimizer step
     return {
         "profiled_steps": steps, "wall_ms_per_step": 1000 * wall_s / steps, "gpu_busy_ms_per_step": ms(busy),
         "gpu_busy_fraction": busy / (1e6 * wall_s), "kernels_per_step": len(kernels) / steps,
         "ms_per_step_by_kind": {k: ms(v) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])},
-        "top_kernels": [{"name": n[:160], "ms_per_step": ms(t), "calls_per_step": c / steps}
+        "top_kernels": [{"name": n[:160], "ms_per_step": ms(t), "calls_per_step": c / steps,
+                         "threads_per_block": threads[n]}
                         for n, (t, c) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]],
     }
 
@@ -102,7 +104,8 @@ def report(result: dict) -> None:
     for kind, ms in result["ms_per_step_by_kind"].items():
         print(f"  {kind:12s} {ms:8.1f} ms/step")
     for k in result["top_kernels"]:
-        print(f"  {k['ms_per_step']:8.2f} ms  x{k['calls_per_step']:<5.0f} {k['name'][:110]}")
+        print(f"  {k['ms_per_step']:8.2f} ms  x{k['calls_per_step']:<5.0f} {k.get('threads_per_block') or '':>4} "
+              f"{k['name'][:105]}")
 
 
 def main(argv: list[str] | None = None) -> int:

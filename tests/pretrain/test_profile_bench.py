@@ -49,3 +49,9 @@ def test_summary_per_step(bench):
     assert s["kernels_per_step"] == 2 and s["wall_ms_per_step"] == pytest.approx(1.0)
     assert [k["name"] for k in s["top_kernels"]] == ["nvjet_hsh_gemm", "triton_poi_fused_add_0"]
     assert s["top_kernels"][0]["calls_per_step"] == 1
+
+
+def test_summary_reads_each_kernels_launch_width(bench):
+    launched = {**kernel("_gelu_rows", 0, 10), "args": {"block": [512, 1, 1], "grid": [262144, 1, 1]}}
+    s = bench.summarize({"traceEvents": [launched, kernel("x", 10, 5)]}, wall_s=1e-4, steps=1, top=5)
+    assert [(k["name"], k["threads_per_block"]) for k in s["top_kernels"]] == [("_gelu_rows", 512), ("x", None)]
