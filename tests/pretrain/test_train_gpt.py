@@ -405,3 +405,18 @@ def test_val_loss_scores_the_same_tokens_for_any_micro_batch(data_dir, tmp_path,
     expected = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), windows[:, 1:].reshape(-1))
     assert got == pytest.approx(expected.item(), rel=1e-5)
     assert model.training  # evaluate hands the model back in train mode
+
+
+@pytest.mark.slow
+def test_compiled_val_with_a_short_last_batch_equals_eager(data_dir, tmp_path):
+    """B=7 over 12 windows: a full batch, then a short one of 5, which the compiled model takes as a second
+    static shape; the loss equals the eager model's at B=1 on the same weights."""
+    import contextlib
+    got = {}
+    for batch, compiled in ((1, False), (7, True)):
+        cfg = make_cfg(data_dir, tmp_path / f"b{batch}", "data.val_tokens=200", f"train.micro_batch_size={batch}",
+                       f"train.compile={str(compiled).lower()}")
+        torch.manual_seed(0)
+        model = train_gpt.wrap_model(train_gpt.GPT(cfg.model), cfg, 1, torch.device("cpu"), torch.float32)
+        got[batch] = train_gpt.evaluate(model, cfg, 0, 1, torch.device("cpu"), contextlib.nullcontext())
+    assert got[7] == pytest.approx(got[1], rel=1e-5)

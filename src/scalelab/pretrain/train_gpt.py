@@ -172,11 +172,13 @@ def val_windows(cfg: PretrainConfig) -> ValWindows:
 
 @torch.no_grad()
 def evaluate(model, cfg: PretrainConfig, rank: int, world: int, device: torch.device, autocast) -> float:
-    """Mean loss per token over val_windows, the same tokens for any micro-batch size or world size."""
+    """Mean loss per token over val_windows, the same tokens for any micro-batch size or world size. A short last
+    batch is compiled once more for its shape, statically like every other graph here, not as a dynamic-shape one."""
     model.eval()
     total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of batch means x windows, windows)
     for x, y, windows in val_windows(cfg).batches(cfg.train.micro_batch_size, rank, world):
         x, y = to_device(x, y, device)
+        torch._dynamo.mark_static(x, 0)
         with autocast:
             total[0] += model(x, y)[1].double() * windows
         total[1] += windows
