@@ -21,6 +21,9 @@ import torch
 from scalelab.pretrain.fp8_kernels import E5M2_MAX, fp8_codes
 from scalelab.pretrain.triton_support import INTERPRETED, require_triton, tl, triton
 
+# The e5m2 gradient kernel's launch: (rows, columns) per tile and warps, the fastest timed alone (_ce_grad_e5m2)
+E5M2_TILE, E5M2_TILE_WARPS = (32, 128), 8
+
 
 def _ce_rows(logits_ptr, stride, targets_ptr, loss_ptr, lse_ptr, inv_n, VOCAB: tl.constexpr,
              PADDED: tl.constexpr, WANT_GRAD: tl.constexpr, BLOCK: tl.constexpr):
@@ -95,7 +98,7 @@ def cross_entropy_rows_(logits: torch.Tensor, targets: torch.Tensor, vocab_size:
 
 
 def cross_entropy_rows_e5m2(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, block: int = 4096,
-                            tile: tuple[int, int] = (32, 128), tile_warps: int = 8,
+                            tile: tuple[int, int] = E5M2_TILE, tile_warps: int = E5M2_TILE_WARPS,
                             hw_cast: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For an FP8 head: (per-row loss (rows,), g8 (rows, Vp), g8t (Vp, rows)) with g8 = e5m2 of (softmax -
     one_hot) * E5M2_MAX over the first vocab_size columns (0 in the padded ones) and g8t its transpose; the
