@@ -68,13 +68,15 @@ def test_hardware_casts_shorten_the_gelu_kernel():
     assert (hw["ldg"], hw["stg"]) == (ints["ldg"], ints["stg"])
 
 
-def test_the_loss_tile_kernel_rounds_in_integers_because_it_compiles_leaner():
-    """ce_kernel._ce_grad_e5m2 is launched with HW=False on the GPU too; the reason, read from its SASS: with the
-    hardware's cast Triton recomputes the exps in the transposed store's layout (more MUFU, more registers)."""
+def test_the_loss_tile_kernel_launches_with_hardware_casts_despite_the_recomputed_exps():
+    """ce_kernel._ce_grad_e5m2 rounds with the hardware's cast on the GPU, the faster on an H200 (1.82 against
+    2.00 ms per chunk) though its SASS is the heavier in one respect: Triton recomputes the exps in the transposed
+    store's layout (more MUFU, more registers) while the integer rounding's shifts and logic go away."""
     build = kernel_builds.BUILDS["ce_grad_e5m2"]
-    launched, hw = (kernel_builds.sass_stats(kernel_builds.compile_sm90(build, HW=flag)) for flag in (False, True))
-    assert build.constants["HW"] is False
-    assert launched["mufu"] < hw["mufu"] and launched["registers"] < hw["registers"]
+    launched, ints = (kernel_builds.sass_stats(kernel_builds.compile_sm90(build, HW=flag)) for flag in (True, False))
+    assert build.constants["HW"] is True and build.num_warps == 4
+    assert launched["mufu"] > ints["mufu"] and launched["registers"] > ints["registers"]
+    assert launched["instructions"] < ints["instructions"]
 
 
 @pytest.mark.parametrize("sets", [['train.fp8="all"'], ['train.fp8="lm_head"', 'train.fp8_scaling="row"']])

@@ -21,8 +21,9 @@ import torch
 from scalelab.pretrain.fp8_kernels import E5M2_MAX, fp8_codes
 from scalelab.pretrain.triton_support import INTERPRETED, require_triton, tl, triton
 
-# The e5m2 gradient kernel's launch: (rows, columns) per tile and warps, the fastest timed alone (_ce_grad_e5m2)
-E5M2_TILE, E5M2_TILE_WARPS = (32, 128), 8
+# The e5m2 gradient kernel's launch: (rows, columns) per tile, warps and rounding, the fastest timed alone
+# (_ce_grad_e5m2)
+E5M2_TILE, E5M2_TILE_WARPS, E5M2_HW_CAST = (32, 128), 4, True
 
 
 def _ce_rows(logits_ptr, stride, targets_ptr, loss_ptr, lse_ptr, inv_n, VOCAB: tl.constexpr,
@@ -56,12 +57,12 @@ def _ce_grad_e5m2(logits_ptr, stride, lse_ptr, targets_ptr, g8_ptr, g8t_ptr, row
                   PADDED: tl.constexpr, SCALE: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr, HW: tl.constexpr):
     """One program per (BR rows x BV columns) tile: (softmax - one_hot) * E5M2_MAX as e5m2 bytes, written row-major
     (for d/dh) and transposed (for d/dW: cuBLAS's FP8 GEMM wants both operands contiguous along the token axis).
-    |softmax - one_hot| <= 1, so SCALE = E5M2_MAX is a static scale. The launch rounds in integers (HW=False) on
-    the GPU too: with the hardware's cast, Triton (3.6, sm_90) recomputes the tile's exp in the transposed store's
-    layout and moves the bf16 logits through shared memory instead of the bytes: twice the exps, 60 registers
-    against 39 at the launch's 32 x 128 tile and 8 warps (213 against 116 at 64 x 128 and 4 warps;
-    bench/triton_kernel_sass.py). That launch was the fastest timed alone on an H200: 1.95 ms per 16k x 50k chunk
-    against 2.03 at 4 warps and 2.18 at 64 x 128 (results/h200/pretrain_variants_round5.json, row_kernels)."""
+    |softmax - one_hot| <= 1, so SCALE = E5M2_MAX is a static scale. On the GPU it rounds with the hardware's
+    cast (HW): Triton (3.6, sm_90) then recomputes the tile's exp in the transposed store's layout and moves the
+    bf16 logits through shared memory instead of the bytes (twice the exps, more registers; bench/
+    triton_kernel_sass.py), yet it is still the faster: timed alone on an H200, 1.82 ms per 16k x 50k chunk at
+    32 x 128 and 4 warps against 2.00 (4 warps) and 2.02 (8 warps) with the integer rounding, 2.20 at the first
+    launch, 64 x 128 and 4 warps (results/h200/pretrain_variants_round6.json, row_kernels)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     c = tl.program_id(1) * BV + tl.arange(0, BV)
     inside = (r[:, None] < rows) & (c[None, :] < PADDED)
@@ -99,13 +100,13 @@ def cross_entropy_rows_(logits: torch.Tensor, targets: torch.Tensor, vocab_size:
 
 def cross_entropy_rows_e5m2(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, block: int = 4096,
                             tile: tuple[int, int] = E5M2_TILE, tile_warps: int = E5M2_TILE_WARPS,
-                            hw_cast: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            hw_cast: bool = E5M2_HW_CAST) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For an FP8 head: (per-row loss (rows,), g8 (rows, Vp), g8t (Vp, rows)) with g8 = e5m2 of (softmax -
     one_hot) * E5M2_MAX over the first vocab_size columns (0 in the padded ones) and g8t its transpose; the
     gradient of the mean loss over N rows is g8 / (E5M2_MAX * N). The logits are read twice and left unchanged;
     the bf16 gradient, its cast and its transposed copy are never written. hw_cast: round with the hardware's cast
-    (fewer instructions in all but twice the exps and loads, _ce_grad_e5m2 says why; bench/gpu_row_kernels.py
-    times both); the interpreter always rounds in integers."""
+    (the faster on an H200 though it doubles the exps, _ce_grad_e5m2 says why; bench/gpu_row_kernels.py times
+    both); the interpreter always rounds in integers."""
     _check(logits)
     rows, padded = logits.shape
     loss, lse = torch.empty(2, rows, dtype=torch.float32, device=logits.device).unbind(0)

@@ -39,8 +39,8 @@ BUILDS = {
                            {"VOCAB": 50257, "PADDED": 50304, "WANT_GRAD": True, "BLOCK": 4096}, 4, ("cvt.rn.bf16",)),
     "ce_grad_e5m2": KernelBuild("_CE_GRAD_E5M2", "ce_kernel", "*bf16 i64 *fp32 *i64 *u8 *u8 i32",
                                 {"VOCAB": 50257, "PADDED": 50304, "SCALE": 57344.0, "BR": ce_kernel.E5M2_TILE[0],
-                                 "BV": ce_kernel.E5M2_TILE[1], "HW": False},
-                                ce_kernel.E5M2_TILE_WARPS, ()),  # integer rounding on the GPU: _ce_grad_e5m2 says why
+                                 "BV": ce_kernel.E5M2_TILE[1], "HW": ce_kernel.E5M2_HW_CAST},
+                                ce_kernel.E5M2_TILE_WARPS, ("cvt.rn.satfinite.e5m2x2.f32",)),
 }
 
 
