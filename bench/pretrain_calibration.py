@@ -9,8 +9,8 @@ Scored on every other row: another batch (B=32), another context (T=2048), anoth
 accumulation (524,288 tokens per step), two GPUs with DDP and FSDP2 (per GPU), and repeat measurements of the
 recipe in other sessions. Then: predictions for 124M, 350M and 1B with intervals, the time and cost to the 3.28
 val-loss bar on 8 x H100, and an ablation of the two counted terms of the throughput form. The recipe variants
-of rounds 2-5 (chunked loss, FP8, B=128 and 256) are scored apart, each against `predict`'s full answer: the calibrated
-forms for bf16, the priors where FP8 puts a run outside them.
+of rounds 2-6 (chunked loss, FP8, B=128 and 256) are scored apart, each against `predict`'s full answer: the
+calibrated forms for bf16, the priors where FP8 puts a run outside them.
 """
 from __future__ import annotations
 
@@ -42,8 +42,11 @@ VARIANTS3 = "results/h200/pretrain_variants_round3.json"
 LADDER_CHECK = "results/h200/scaling_ladder_350m_check.json"
 VARIANTS4 = "results/h200/pretrain_variants_round4.json"
 VARIANTS5 = "results/h200/pretrain_variants_round5.json"
-INPUTS = (RECIPE, SWEEP, S1, S2, VARIANTS, LADDER, VARIANTS2, TTT, VARIANTS3, LADDER_CHECK, VARIANTS4, VARIANTS5)
-SCORED_ROUNDS = (VARIANTS2, VARIANTS3, VARIANTS4, VARIANTS5)  # variant runs that record their settings: scored apart
+VARIANTS6 = "results/h200/pretrain_variants_round6.json"
+INPUTS = (RECIPE, SWEEP, S1, S2, VARIANTS, LADDER, VARIANTS2, TTT, VARIANTS3, LADDER_CHECK, VARIANTS4, VARIANTS5,
+          VARIANTS6)
+# variant runs that record their settings: scored apart
+SCORED_ROUNDS = (VARIANTS2, VARIANTS3, VARIANTS4, VARIANTS5, VARIANTS6)
 
 
 def shape(n_layer: int, n_head: int, n_embd: int, block: int, micro_batch: int) -> tuple[str, ...]:

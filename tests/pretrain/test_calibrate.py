@@ -246,18 +246,21 @@ def test_docs_are_generated_from_the_results(tmp_path):
     v = read_json(REPO / "results/h200/pretrain_time_to_target.json")["verdict"]   # time to target, read right
     assert f"ratio {v['ratio']:.3f}**" in text and f"**{v['target_val_loss']:.3f}**" in text
     assert "| cudnn-fp8-all-chunks8-b128-tk | 3 | 578k | 1.193 | 33.7 |" in text               # third round
-    v5 = read_json(REPO / "results/h200/pretrain_variants_round5.json")          # fifth round: the latest verdict
-    assert f"**Verdict: {v5['verdict']}.**" in text and "636,091 tokens/s" in v5["verdict"]
+    v6 = read_json(REPO / "results/h200/pretrain_variants_round6.json")          # sixth round: the latest verdict
+    assert f"**Verdict: {v6['verdict']}.**" in text and "636,091 tokens/s" in v6["verdict"]
     assert "| cudnn-fp8row-all-chunks8-b128-tk-fast-mk | 4 | 605k | 1.242 | 42.7 |" in text
-    assert "| triton | 221 | 416 | 288 | 142 |" in text                      # round 4's profiles and round 5's
-    assert "rounds 3-5 ended -0.0070, -0.0165, -0.0397 off plain" in text and "prices the B=256 prefix at -0.044, " \
-        "leaving +0.004" in text                                     # the quality checks scored unequal val tokens
+    assert "| triton | 221 | 416 | 288 | 142 | 143 |" in text          # round 4's profiles, round 5's, round 6's
+    assert "rounds 3-5 ended -0.0070, -0.0165, -0.0397 off plain, but on different val prefixes" in text
+    q = v6["quality"]                                        # the rerun on equal val tokens: both runs scored them
+    assert q["scored_on_the_same_tokens"] and len(set(q["val_tokens_scored"].values())) == 1
+    assert f"round 5's recipe ends **{q['final_val_diff']:+.4f}** off plain (within 0.02: yes)" in text
+    assert "to save 6.5 ms/step, saved 0.9 in an A/B on one GPU" in text          # the hardware-cast tile
     assert "one slow kernel (130 ms/step)" in text and "7.59 ms in bf16, 4.79 in per-tensor FP8" in text
     assert "added 1.3%" in text   # 605,395 / 597,377 in the same call
     assert "saved 9, 4, 15 ms/step (each, then both) against 26–28, 20–47, 46–76 forecast" in text  # the forecast
     v = c["variants_scored"]["summary"]                           # the recipe variants, scored apart
-    assert (v["runs"], v["peak_memory_gib_inside"], v["tokens_per_s_inside"]) == (21, 21, 20)
-    assert "21 recipe-variant runs of rounds 2-5 (chunked loss, FP8, B=128/256), 21 inside in memory" in text
+    assert (v["runs"], v["peak_memory_gib_inside"], v["tokens_per_s_inside"]) == (25, 25, 24)
+    assert "25 recipe-variant runs of rounds 2-6 (chunked loss, FP8, B=128/256), 25 inside in memory" in text
     check = c["loss_ladder"]["checks"][0]                                              # the 350M ladder check
     assert f"measured **{check['measured']:.3f}**: inside the interval" in text and check["inside_interval"]
     held = {h["split"]: h["max_abs_error"] for h in c["loss_ladder"]["held_out"]}   # the ladder, scored

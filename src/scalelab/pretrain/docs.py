@@ -42,6 +42,7 @@ class DocInputs:
     variants3: dict | None          # the third round, with its profiles (docs_speed.load)
     variants4: dict | None          # the fourth round, with its profiles and GEMM table
     variants5: dict | None          # the fifth round: its kernels against their forecast, the B=256 recipe
+    variants6: dict | None          # the sixth round: quality on equal val tokens, the tuned launches' profile
     forecast: dict | None           # bench/pretrain_kernel_forecast.py: the next kernels' step time, before running
     recipe: PretrainConfig
     demo: dict | None               # the CPU demo's results.json, when the run folder exists
@@ -55,7 +56,8 @@ def load_inputs(repo: Path) -> DocInputs:
                      variants=read_json(repo / VARIANTS), ladder=optional(LADDER), ttt=optional(docs_loss.TTT),
                      variants2=optional(VARIANTS2), variants3=docs_speed.load(repo),
                      variants4=docs_speed.load(repo, docs_speed.VARIANTS4),
-                     variants5=docs_speed.load(repo, docs_speed.VARIANTS5), forecast=optional(docs_speed.FORECAST),
+                     variants5=docs_speed.load(repo, docs_speed.VARIANTS5),
+                     variants6=docs_speed.load(repo, docs_speed.VARIANTS6), forecast=optional(docs_speed.FORECAST),
                      recipe=load_pretrain_config(repo / RECIPE),
                      demo=optional(f"{DEMO}/results.json"))
 
@@ -103,7 +105,7 @@ def _intro(d: DocInputs) -> list[str]:
 
 
 def _latest(d: DocInputs) -> dict:
-    return d.variants5 or d.variants4 or d.variants3 or d.variants2 or d.variants
+    return d.variants6 or d.variants5 or d.variants4 or d.variants3 or d.variants2 or d.variants
 
 
 def _speed_verdict(d: DocInputs) -> str:
@@ -174,7 +176,7 @@ def _variants_scored(c: dict) -> str:
     if not s:
         return ""
     return (f"Scored apart, each against `predict`'s own interval (calibrated for bf16, the priors for FP8): "
-            f"{s['runs']} recipe-variant runs of rounds 2-5 (chunked loss, FP8, B=128/256), "
+            f"{s['runs']} recipe-variant runs of rounds 2-6 (chunked loss, FP8, B=128/256), "
             f"{s['peak_memory_gib_inside']} inside in memory and {s['tokens_per_s_inside']} in tokens/s.")
 
 
@@ -214,7 +216,8 @@ def _predictions(d: DocInputs) -> list[str]:
 def _variant_rounds(d: DocInputs) -> list[tuple[str, dict]]:
     """(round, {variant: record}) per measurement call; each call's ratios are to the plain run beside it."""
     rounds = [("1", d.variants["variants"])]
-    for rnd, doc in (("2", d.variants2), ("3", d.variants3), ("4", d.variants4), ("5", d.variants5)):
+    for rnd, doc in (("2", d.variants2), ("3", d.variants3), ("4", d.variants4), ("5", d.variants5),
+                     ("6", d.variants6)):
         if doc is not None:
             rounds += [(rnd, call["variants"]) for call in doc["calls"].values()]
     return rounds
@@ -237,9 +240,9 @@ def _variants(d: DocInputs) -> list[str]:
             f"the same call (plain: {plain}).", "", *rows, "", *_variants_notes(d),
             f"Quality: `{q['variant_sets']}` trained side by side with plain to {tokens / 1e6:.1f}M tokens (same "
             f"seed and data order) ends {q['final_val_diff']:+.4f} off in val loss; the chunked loss computes the "
-            "same loss exactly.", "", *docs_speed.quality_sentence(d.variants3, d.variants4, d.variants5),
+            "same loss exactly.", "", *docs_speed.quality_sentence(d.variants3, d.variants4, d.variants5, d.variants6),
             f"**Verdict: {_latest(d)['verdict']}.**", "", *_next_steps(d),
-            *docs_speed.profile_section(d.variants3, d.variants4, d.forecast, d.variants5)]
+            *docs_speed.profile_section(d.variants3, d.variants4, d.forecast, d.variants5, d.variants6)]
 
 
 def _variants_notes(d: DocInputs) -> list[str]:

@@ -1,7 +1,7 @@
 """docs/pretrain.md's speed reading: where a training step's GPU time goes (the committed profiles of
-bench/gpu_pretrain_profile.py, the GEMM table of bench/gpu_fp8_gemm.py) and what the third and fourth variants
-to fifth rounds' fastest recipes kept of the loss, and how the fifth round's kernels met their forecast. Numbers come
-only from results/h200/pretrain_variants_round{3,4,5}.json, the forecast, and the files they name."""
+bench/gpu_pretrain_profile.py, the GEMM table of bench/gpu_fp8_gemm.py), what the third to sixth rounds' fastest
+recipes kept of the loss, how the fifth round's kernels met their forecast and what the sixth round's tuning moved.
+Numbers come only from results/h200/pretrain_variants_round{3,4,5,6}.json, the forecast, and the files they name."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,6 +11,7 @@ from scalelab.core.jsonio import read_json
 VARIANTS3 = "results/h200/pretrain_variants_round3.json"
 VARIANTS4 = "results/h200/pretrain_variants_round4.json"
 VARIANTS5 = "results/h200/pretrain_variants_round5.json"
+VARIANTS6 = "results/h200/pretrain_variants_round6.json"
 FORECAST = "results/h200/pretrain_kernel_forecast.json"
 HEAD_ONLY = "cudnn-fp8-head-chunks8-b128-tk"  # FP8 in the chunked head only: what FP8 in the blocks adds
 
@@ -53,18 +54,19 @@ def _profile_table(*docs: dict | None) -> list[str]:
 
 
 def profile_section(v3: dict | None, v4: dict | None = None, forecast: dict | None = None,
-                    v5: dict | None = None) -> list[str]:
+                    v5: dict | None = None, v6: dict | None = None) -> list[str]:
     doc = v4 or v3
     if doc is None:
         return []
-    busy = min(p["summary"]["gpu_busy_fraction"] for p in _profiles(doc) + (_profiles(v5) if v5 else []))
-    rounds = "s 4 and 5" if v5 else (" 4" if v4 else " 3")
+    later = [v for v in (v5, v6) if v and v4]
+    busy = min(p["summary"]["gpu_busy_fraction"] for d in (doc, *later) for p in _profiles(d))
+    rounds = f"s 4-{4 + len(later)}" if later else (" 4" if v4 else " 3")
     return ["### Where the step goes", "",
             f"Two profiled steps per recipe (`bench/gpu_pretrain_profile.py`, round{rounds}; `triton`: "
-            "Inductor's fused kernels):", "", *_profile_table(doc, v5 if v4 else None), "",
+            "Inductor's fused kernels):", "", *_profile_table(doc, *later), "",
             f"The GPU is busy ≥ {100 * busy:.1f}% of the wall clock: the host is not the limit. "
-            + (_reading4(v4, forecast, tail=v5 is None) if v4 else _reading3(v3)), "",
-            *(_reading5(v5) if v5 and v4 else [])]
+            + (_reading4(v4, forecast, tail=v5 is None, goal=v6 is None) if v4 else _reading3(v3)), "",
+            *(_reading5(v5) if v5 and v4 else []), *(_reading6(v5, v6) if v5 and v6 and v4 else [])]
 
 
 def _reading3(v3: dict) -> str:
@@ -83,8 +85,9 @@ def _goal(doc: dict) -> str:
     return f"650k tokens/s needs a {524288 / 650e3 * 1000:.0f} ms step ({650e3 / plain:.2f}x plain)."
 
 
-def _reading4(v4: dict, forecast: dict | None, tail: bool = True) -> str:
-    """Round 4's profiles; `tail`: then what is left, or the forecast for the next kernels (until they ran)."""
+def _reading4(v4: dict, forecast: dict | None, tail: bool = True, goal: bool = True) -> str:
+    """Round 4's profiles; `tail`: then what is left, or the forecast for the next kernels (until they ran);
+    `goal`: the step time the goal needs (until a later verdict states it)."""
     prof = v4["profiles"]
     head, before, after = (prof[k]["summary"] for k in ("call2_head", "call2_row", "call3_row"))
     fused = max((k for k in before["top_kernels"] if "sum" in k["name"] and "amax" in k["name"]),
@@ -99,7 +102,8 @@ def _reading4(v4: dict, forecast: dict | None, tail: bool = True) -> str:
             "Inductor first fused the bias gradient's token-sum with the row amax into one slow kernel "
             f"({fused['ms_per_step']:.0f} ms/step); with the bias in the GEMM epilogue and its gradient as a GEMM the "
             f"step fell from {before['wall_ms_per_step']:.0f} to {after['wall_ms_per_step']:.0f} ms, and multi-kernel "
-            f"reductions (`train.compile_multi_kernel`) added {100 * (_mk_gain(v4) - 1):.1f}%. " + _goal(v4)
+            f"reductions (`train.compile_multi_kernel`) added {100 * (_mk_gain(v4) - 1):.1f}%."
+            + (" " + _goal(v4) if goal else "")
             + (" " + (_forecast(forecast) if forecast else _left(after)) if tail else ""))
 
 
@@ -139,7 +143,24 @@ def _reading5(v5: dict) -> list[str]:
             "GEMM operands.", ""]
 
 
-def quality_sentence(v3: dict | None, v4: dict | None = None, v5: dict | None = None) -> list[str]:
+def _reading6(v5: dict, v6: dict) -> list[str]:
+    """What the sixth round's tuning moved: the tuned launches in the profile, the hardware-cast loss tile (A/B)."""
+    before, after = (next(iter(_profiles(v)))["summary"] for v in (v5, v6))
+    kinds = [(k, before["ms_per_step_by_kind"][k], after["ms_per_step_by_kind"][k]) for k in ("gelu kernel",
+                                                                                                "loss kernel", "gemm")]
+    moved = ", ".join(f"{k} {a:.0f} → {b:.0f}" for k, a, b in kinds)
+    hw = v6["hw_cast_ablation"]
+    return [f"Round 6, at the tuned launches: {moved} ms (another GPU). The hardware-cast loss tile, forecast "
+            f"from its time alone to save {hw['forecast_saving_ms']:.1f} ms/step, saved "
+            f"{hw['measured_saving_ms']:.1f} in an A/B on one GPU; coordinate-descent tuning "
+            "(`train.compile_tune_kernels`) gave non-finite gradients.", ""]
+
+
+def quality_sentence(v3: dict | None, v4: dict | None = None, v5: dict | None = None,
+                     v6: dict | None = None) -> list[str]:
+    if v5 and v6:  # the sixth round reran the check on equal val tokens
+        return _quality6(v6, [d["quality"]["final_val_diff"] for d in (v3, v4) if d]
+                         + [v5["quality"]["final_val_diff_as_measured"]])
     if v5:  # the fifth round found these checks scored different val tokens: one reading for all three
         return _quality5(v5, [d["quality"]["final_val_diff"] for d in (v3, v4) if d])
     out = []
@@ -170,3 +191,15 @@ def _quality5(v5: dict, earlier: list[float]) -> list[str]:
             f"prices the B=256 prefix at {shift:+.3f}, leaving {q['final_val_diff_estimated_same_tokens']:+.3f} for "
             f"the recipe; at equal B the round-5 kernels move the loss by {min(moved):+.3f} to {max(moved):+.3f}. "
             "Quality is unproven until rerun on equal tokens.", ""]
+
+
+def _quality6(v6: dict, earlier: list[float]) -> list[str]:
+    """The B=128/256 quality checks of rounds 3-5 (unequal val tokens), and the sixth round's rerun on equal ones."""
+    q = v6["quality"]
+    tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
+    scored = q["val_tokens_scored"]["plain (B=64)"]
+    return [f"The fastest recipes of rounds 3-5 ended {', '.join(f'{x:+.4f}' for x in earlier)} off plain, "
+            "but on different val prefixes: the trainer read val in B·T strides, now fixed (`shards.ValWindows`). "
+            f"Rerun on the same {scored / 1e6:.2f}M val tokens to {tokens / 1e6:.1f}M training tokens, round 5's "
+            f"recipe ends **{q['final_val_diff']:+.4f}** off plain (within 0.02: "
+            f"{'yes' if q['within_0.02'] else 'no'}).", ""]
