@@ -29,6 +29,7 @@ import torch
 
 from scalelab.pretrain import train_gpt
 from scalelab.pretrain.config import load_pretrain_config
+from scalelab.pretrain.device_batches import DeviceBatches
 
 KINDS = [  # first match wins; names as Inductor (triton_*), cuBLAS (nvjet/xmma), CUTLASS and cuDNN/flash SDPA emit them
     ("loss kernel", re.compile(r"^_ce_(rows|grad_e5m2)")),  # ce_kernel.py (train.loss_kernel="triton*")
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     torch.manual_seed(cfg.train.seed)
     model, optimizer, autocast, _, _ = train_gpt.build(cfg, 1, device)
-    stream, accum = train_gpt.make_stream(cfg, "train", 0, 1), cfg.grad_accum(1)
+    stream, accum = DeviceBatches(train_gpt.make_stream(cfg, "train", 0, 1), device), cfg.grad_accum(1)
     step = lambda n: run_steps(n, model, optimizer, stream, cfg, device, autocast, accum)  # noqa: E731
     step(args.warmup)
     timed_s = step(args.timed)

@@ -3,7 +3,8 @@
     python train_gpt.py --config configs/pretrain/tiny-cpu.toml [--set train.max_steps=50 ...]
     torchrun --nproc_per_node 8 train_gpt.py --config configs/pretrain/gpt2-124m-fineweb-edu.toml
 
-It imports nothing of scalelab but the shard reader, the config loader and optional parts in their own files
+It imports nothing of scalelab but the shard reader (and its device prefetch), the config loader and optional parts
+in their own files
 (fp8.py with its Triton kernels fp8_kernels.py, muon.py, chunked_ce.py with ce_kernel.py), so it can be read (and
 copied to a cluster) with them alone.
 Sections, in order: model / data / optimizer + schedule / checkpoint / loop / main.
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 
 from scalelab.pretrain.chunked_ce import chunked_cross_entropy
 from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config, peak_flops, save_config
+from scalelab.pretrain.device_batches import DeviceBatches, to_device
 from scalelab.pretrain.fp8 import FP8Linear, require_fp8, row_mlp, use_fp8
 from scalelab.pretrain.muon import build_muon_adamw
 from scalelab.pretrain.shards import StreamPosition, TokenStream, ValWindows, list_shards, manifest_hash
@@ -161,10 +163,6 @@ def make_stream(cfg: PretrainConfig, split: str, rank: int, world: int, pos: Str
     return TokenStream(files, cfg.train.micro_batch_size, cfg.model.block_size, rank, world, pos, seed)
 
 
-def to_device(x, y, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.from_numpy(x).to(device, non_blocking=True), torch.from_numpy(y).to(device, non_blocking=True)
-
-
 def val_windows(cfg: PretrainConfig) -> ValWindows:
     """The val tokens every evaluation scores: the first data.val_tokens of the split (all of it when 0)."""
     return ValWindows(list_shards(cfg.data.dir, "val"), cfg.model.block_size, cfg.data.val_tokens)
@@ -238,7 +236,7 @@ def _state_dicts(model, optimizer, world: int) -> tuple[dict, dict]:
     return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def save_checkpoint(path: Path, model, optimizer, step: int, stream: TokenStream, cfg: PretrainConfig,
+def save_checkpoint(path: Path, model, optimizer, step: int, stream: DeviceBatches, cfg: PretrainConfig,
                     data_sha: str, rank: int, world: int) -> None:
     msd, osd = _state_dicts(model, optimizer, world)  # collective under FSDP2: every rank calls it
     if rank != 0:
@@ -347,11 +345,13 @@ def train_step(model, optimizer, stream, cfg, world, device, autocast, accum, fi
     """One optimizer step over `accum` micro-batches; returns (mean loss, grad norm before clipping)."""
     loss_sum = torch.zeros((), device=device)
     for micro in range(accum):
-        x, y = fixed_batch if fixed_batch is not None else to_device(*stream.next_batch(), device)
+        x, y = fixed_batch if fixed_batch is not None else stream.next_batch()
         set_grad_sync(model, cfg, world, micro == accum - 1)
         with autocast:
             loss = model(x, y)[1]  # drop the logits now: holding them through backward costs B*T*V memory
         (loss / accum).backward()  # mean over micro-batches == loss of the whole batch
+        if fixed_batch is None:
+            stream.prefetch()  # cut and queue the next batch while the GPU runs this one's kernels
         loss_sum += loss.detach()
     if world > 1:
         dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
@@ -398,8 +398,8 @@ def train(cfg: PretrainConfig) -> dict:
         step, pos = state["step"], StreamPosition(**state["data"])
     if step >= cfg.train.max_steps:  # a finished run: keep its summary rather than overwrite it
         return json.loads((run_dir / "train_summary.json").read_text())
-    stream = make_stream(cfg, "train", rank, world, pos)
-    fixed = to_device(*stream.next_batch(), device) if cfg.train.overfit_batch else None
+    stream = DeviceBatches(make_stream(cfg, "train", rank, world, pos), device)
+    fixed = stream.next_batch() if cfg.train.overfit_batch else None
     tok_per_step = cfg.train.micro_batch_size * cfg.model.block_size * world * accum
     fpt, peak = flops_per_token(cfg.model, n_params), peak_flops(device, cfg.run.gpu) * world
     pred_sha = _sha_or_none(run_dir / "predictions.json")
