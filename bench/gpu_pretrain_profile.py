@@ -5,6 +5,8 @@ Builds the trainer exactly as train_gpt.train does (train_gpt.build), runs --war
 torch.profiler and reads the Chrome trace's kernels:
   busy      the union of kernel intervals over the profiled wall clock (below 1: the GPU waits on the host:
             launches, data, .item() syncs);
+  idle      the gaps between GPU events by cause: around host-to-device batch copies, after host syncs, short
+            launch gaps (< 20 us) and the rest;
   by kind   GEMM (cuBLAS/CUTLASS: bf16 and FP8), attention (SDPA kernels), the Triton loss kernel, fused
             elementwise/reductions (Triton, from torch.compile), copies, collectives, other; the top kernels.
 The trace is kept beside the JSON (.trace.json.gz); --from-trace re-reads one (same timings, current binning).
@@ -56,6 +58,32 @@ def union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+IDLE_CAUSES = (  # a gap in GPU activity, named by the GPU events around it (first match wins)
+    ("before a batch copy", lambda prev, nxt: nxt.startswith("Memcpy HtoD")),     # the host cuts the batch
+    ("after a batch copy", lambda prev, nxt: prev.startswith("Memcpy HtoD")),     # a pageable copy synced the stream
+    ("after a host sync", lambda prev, nxt: prev.startswith("Memcpy DtoH")),      # .item(): launches start afresh
+)
+LAUNCH_GAP_US = 20.0  # shorter gaps between kernels: the launch rate, which CUDA graphs would remove
+
+
+def idle_by_cause(trace: dict, steps: int) -> dict[str, float]:
+    """GPU idle ms per step between the first and the last GPU event, by cause: the gaps around host-to-device
+    batch copies and host syncs, short launch gaps, and the rest."""
+    events = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"
+                     and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    out: dict[str, float] = defaultdict(float)
+    end, last = (events[0]["ts"] + events[0]["dur"], events[0]["name"]) if events else (0.0, "")
+    for e in events[1:]:
+        gap = e["ts"] - end
+        if gap > 0:
+            cause = next((c for c, match in IDLE_CAUSES if match(last, e["name"])),
+                         "launch gaps" if gap < LAUNCH_GAP_US else "other")
+            out[cause] += gap / 1000 / steps
+        if e["ts"] + e["dur"] > end:
+            end, last = e["ts"] + e["dur"], e["name"]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def summarize(trace: dict, wall_s: float, steps: int, top: int) -> dict:
     kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
     per_kind, per_name, threads = defaultdict(float), defaultdict(lambda: [0.0, 0]), {}
@@ -69,6 +97,7 @@ def summarize(trace: dict, wall_s: float, steps: int, top: int) -> dict:
     return {
         "profiled_steps": steps, "wall_ms_per_step": 1000 * wall_s / steps, "gpu_busy_ms_per_step": ms(busy),
         "gpu_busy_fraction": busy / (1e6 * wall_s), "kernels_per_step": len(kernels) / steps,
+        "idle_ms_per_step_by_cause": idle_by_cause(trace, steps),
         "ms_per_step_by_kind": {k: ms(v) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])},
         "top_kernels": [{"name": n[:160], "ms_per_step": ms(t), "calls_per_step": c / steps,
                          "threads_per_block": threads[n]}
@@ -104,6 +133,8 @@ def report(result: dict) -> None:
           f"{result['kernels_per_step']:.0f} kernels/step")
     for kind, ms in result["ms_per_step_by_kind"].items():
         print(f"  {kind:12s} {ms:8.1f} ms/step")
+    for cause, ms in result.get("idle_ms_per_step_by_cause", {}).items():
+        print(f"  idle, {cause:20s} {ms:6.2f} ms/step")
     for k in result["top_kernels"]:
         print(f"  {k['ms_per_step']:8.2f} ms  x{k['calls_per_step']:<5.0f} {k.get('threads_per_block') or '':>4} "
               f"{k['name'][:105]}")

@@ -55,3 +55,23 @@ def test_summary_reads_each_kernels_launch_width(bench):
     launched = {**kernel("_gelu_rows", 0, 10), "args": {"block": [512, 1, 1], "grid": [262144, 1, 1]}}
     s = bench.summarize({"traceEvents": [launched, kernel("x", 10, 5)]}, wall_s=1e-4, steps=1, top=5)
     assert [(k["name"], k["threads_per_block"]) for k in s["top_kernels"]] == [("_gelu_rows", 512), ("x", None)]
+
+
+def test_idle_gaps_are_named_by_the_gpu_events_around_them(bench):
+    def event(cat: str, name: str, ts: float, dur: float) -> dict:
+        return {"cat": cat, "ph": "X", "name": name, "ts": ts, "dur": dur}
+    trace = {"traceEvents": [
+        event("kernel", "nvjet_a", 0, 100),
+        event("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 700, 10),      # 600 us before the batch copy
+        event("kernel", "triton_b", 1010, 100),                                 # 300 us after it
+        event("kernel", "triton_c", 1115, 100),                                 # a 5 us launch gap
+        event("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 1215, 1),
+        event("kernel", "multi_tensor_apply", 1716, 50),                        # 500 us after a host sync
+        event("kernel", "inside", 1720, 10),                                    # overlapped: no gap
+        event("kernel", "late", 1866, 10),                                      # 100 us: other
+        {"cat": "cpu_op", "ph": "X", "name": "aten::copy_", "ts": 0, "dur": 5000},  # host events: not GPU activity
+    ]}
+    idle = bench.idle_by_cause(trace, steps=2)
+    assert idle == pytest.approx({"before a batch copy": 0.3, "after a batch copy": 0.15, "after a host sync": 0.25,
+                                  "launch gaps": 0.0025, "other": 0.05})
+    assert list(idle) == ["before a batch copy", "after a host sync", "after a batch copy", "other", "launch gaps"]
