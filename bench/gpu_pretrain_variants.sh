@@ -18,7 +18,8 @@
 #   of the weights and half the launches; 16 chunks keep each loss chunk at 16k rows),
 #   ...-at: the same with Inductor autotuning its kernels (max-autotune-no-cudagraphs; fails in torch 2.11: its
 #   Triton GEMM template takes no FP8 operand), ...-cd: Inductor's own Triton kernels tuned by coordinate descent
-#   at first call, GEMMs left alone (train.compile_tune_kernels; minutes of compile: raise VARIANT_TIMEOUT),
+#   at first call, GEMMs left alone (train.compile_tune_kernels; 322 s of compile, then non-finite gradients at
+#   step 0 in torch 2.11: results/h200/pretrain_variants_round6.json),
 #   cudnn-fp8-all-autotune / cudnn-fp8-all-graphs (train.compile_mode: autotuned kernels, then CUDA graphs too;
 #   autotuning compiles for minutes: raise VARIANT_TIMEOUT). A name "_" holds a place in the round-robin and runs
 #   nothing: GPUS="0 1" ... plain cudnn-fp8-all-autotune cudnn-fp8-all _ puts both short ones on GPU 0. Each variant

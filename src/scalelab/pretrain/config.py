@@ -105,7 +105,9 @@ class TrainConfig:
     compile_tune_kernels: bool = param(False, "Inductor tunes each of its Triton pointwise/reduction kernels' "
                                               "block sizes and warps by coordinate descent at first call "
                                               "(coordinate_descent_tuning); GEMMs untouched, where max-autotune's "
-                                              "Triton GEMM template refuses FP8 operands (torch 2.11)")
+                                              "Triton GEMM template refuses FP8 operands (torch 2.11). With the "
+                                              "FP8 recipe on an H200 (torch 2.11) it gave non-finite gradients at "
+                                              "step 0, which the trainer stops on")
     parallel: Literal["ddp", "fsdp2"] = param("ddp", "data-parallel wrapper when world size > 1")
     fp8: Literal["none", "lm_head", "blocks", "all"] = param(
         "none", "FP8 matmuls (e4m3 forward, e5m2 gradients, per-tensor scales): the output head only, every "
