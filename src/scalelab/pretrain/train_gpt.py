@@ -3,10 +3,9 @@
     python train_gpt.py --config configs/pretrain/tiny-cpu.toml [--set train.max_steps=50 ...]
     torchrun --nproc_per_node 8 train_gpt.py --config configs/pretrain/gpt2-124m-fineweb-edu.toml
 
-It imports nothing of scalelab but the shard reader (and its device prefetch), the config loader and optional parts
-in their own files
-(fp8.py with its Triton kernels fp8_kernels.py, muon.py, chunked_ce.py with ce_kernel.py), so it can be read (and
-copied to a cluster) with them alone.
+It imports nothing of scalelab but the shard reader and its device prefetch (device_batches.py), the config
+loader and optional parts in their own files (fp8.py with its Triton kernels fp8_kernels.py, muon.py, chunked_ce.py
+with ce_kernel.py), so it can be read (and copied to a cluster) with them alone.
 Sections, in order: model / data / optimizer + schedule / checkpoint / loop / main.
 """
 from __future__ import annotations
