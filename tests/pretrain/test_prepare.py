@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import math
 
@@ -11,10 +12,10 @@ import numpy as np
 import pytest
 
 from scalelab.core.config import ConfigError, load_config
-from scalelab.pretrain.prepare import (UNIGRAM_COUNTS_FILE, PrepareConfig, add_prepare_arguments, prepare,
-                                       run_prepare_from_args, unigram_baseline, unigram_cross_entropy)
+from scalelab.pretrain.prepare import (UNIGRAM_COUNTS_FILE, PrepareConfig, add_prepare_arguments, encoder_map,
+                                       prepare, run_prepare_from_args, unigram_baseline, unigram_cross_entropy)
 from scalelab.pretrain.shards import ShardError, list_shards, manifest_hash, read_shard, verify_shards, write_shard
-from scalelab.pretrain.sources import SourceError, split_of, text_key
+from scalelab.pretrain.sources import Document, SourceError, split_of, text_key
 from scalelab.pretrain.tokenizer import EOT, gpt2_encoding
 
 MANIFEST_KEYS = ["format", "source", "val_source", "tokenizer", "seed", "val_fraction", "max_tokens", "shard_tokens",
@@ -254,3 +255,19 @@ def test_real_sharegpt_is_deterministic(tmp_path):
     assert read_shard(a / "train_000000.bin")[0] == EOT and read_shard(a / "val_000000.bin")[0] == EOT
     base = ma.unigram_baseline
     assert 5.0 < base.train_entropy_nats < base.val_cross_entropy_nats < math.log(50257)
+
+
+def test_the_worker_pool_reads_a_bounded_window_ahead_and_closes_after_an_early_stop():
+    """Stopping after 5 documents (as max_tokens does) leaves at most 2 chunks per worker read from the source;
+    the pool then finishes those and closes."""
+    pulled = []
+
+    def documents():
+        for i in range(1000):
+            pulled.append(i)
+            yield Document(f"document number {i}", "g")
+    with encoder_map(2, 3, "") as encode:
+        got = list(itertools.islice(encode(documents()), 5))
+    assert [len(e.tokens) for e in got] == [len(gpt2_encoding().encode_ordinary(f"document number {i}")) + 1
+                                            for i in range(5)]
+    assert len(pulled) <= (2 + 2 * 2) * 3  # the 2 chunks taken, plus the window of 4 chunks of 3

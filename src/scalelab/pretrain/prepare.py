@@ -9,8 +9,10 @@ when every shard it lists does.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
+import itertools
 import math
 import multiprocessing
 import os
@@ -154,18 +156,38 @@ def encode_document(doc: Document) -> Encoded:
     return Encoded(key, doc.group, tokens)
 
 
+def _encode_chunk(docs: list[Document]) -> list[Encoded]:
+    return [encode_document(d) for d in docs]
+
+
 @contextlib.contextmanager
 def encoder_map(workers: int, chunksize: int, tokenizer_dir: str) -> Iterator[Callable]:
-    """An ordered `map(encode_document, docs)`: in-process for one worker, else a Pool's imap.
+    """An ordered `map(encode_document, docs)`: in-process for one worker, else over a Pool's workers.
 
-    imap keeps document order, so shards do not depend on the worker count; the pool is terminated on
-    exit, so stopping at max_tokens does not wait for documents nobody will read."""
+    Results come in document order, so shards do not depend on the worker count. At most 2 chunks per worker are
+    in flight, read from the source by the caller's thread: stopping at max_tokens leaves only those to finish
+    before the pool closes. (Pool.imap's feeder thread instead reads ahead without bound, and terminating the pool
+    while that thread is blocked writing to the workers' full pipe can hang the join for ever.)"""
     _init_worker(tokenizer_dir)
     if workers == 1:
         yield lambda docs: map(encode_document, docs)
         return
-    with multiprocessing.Pool(workers, initializer=_init_worker, initargs=(tokenizer_dir,)) as pool:
-        yield lambda docs: pool.imap(encode_document, docs, chunksize=chunksize)
+    pool = multiprocessing.Pool(workers, initializer=_init_worker, initargs=(tokenizer_dir,))
+    try:
+        yield lambda docs: _windowed_map(pool, iter(docs), chunksize, 2 * workers)
+    finally:
+        pool.close()
+        pool.join()
+
+
+def _windowed_map(pool, docs: Iterator[Document], chunksize: int, window: int) -> Iterator[Encoded]:
+    pending: collections.deque = collections.deque()
+    for chunk in iter(lambda: list(itertools.islice(docs, chunksize)), []):
+        pending.append(pool.apply_async(_encode_chunk, (chunk,)))
+        if len(pending) >= window:
+            yield from pending.popleft().get()
+    while pending:
+        yield from pending.popleft().get()
 
 
 # ---------------------------------------------------------------------------------------------
