@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     torch.manual_seed(cfg.train.seed)
     model, optimizer, autocast, _, _ = train_gpt.build(cfg, 1, device)
-    stream, accum = DeviceBatches(train_gpt.make_stream(cfg, "train", 0, 1), device), cfg.grad_accum(1)
+    stream = DeviceBatches(train_gpt.make_stream(cfg, "train", 0, 1), device, cfg.train.batch_prefetch)
+    accum = cfg.grad_accum(1)
     step = lambda n: run_steps(n, model, optimizer, stream, cfg, device, autocast, accum)  # noqa: E731
     step(args.warmup)
     timed_s = step(args.timed)

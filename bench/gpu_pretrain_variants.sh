@@ -19,7 +19,8 @@
 #   ...-at: the same with Inductor autotuning its kernels (max-autotune-no-cudagraphs; fails in torch 2.11: its
 #   Triton GEMM template takes no FP8 operand), ...-cd: Inductor's own Triton kernels tuned by coordinate descent
 #   at first call, GEMMs left alone (train.compile_tune_kernels; 322 s of compile, then non-finite gradients at
-#   step 0 in torch 2.11: results/h200/pretrain_variants_round6.json),
+#   step 0 in torch 2.11: results/h200/pretrain_variants_round6.json), plain-noprefetch / ...-gk-noprefetch (the
+#   batches copied from pageable memory in turn, train.batch_prefetch=false: the A/B of the pinned one-ahead loader),
 #   cudnn-fp8-all-autotune / cudnn-fp8-all-graphs (train.compile_mode: autotuned kernels, then CUDA graphs too;
 #   autotuning compiles for minutes: raise VARIANT_TIMEOUT). A name "_" holds a place in the round-robin and runs
 #   nothing: GPUS="0 1" ... plain cudnn-fp8-all-autotune cudnn-fp8-all _ puts both short ones on GPU 0. Each variant
@@ -60,6 +61,8 @@ declare -A VARIANTS=(
   [cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true"
   [cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk-at]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true --set train.compile_mode=\"max-autotune-no-cudagraphs\""
   [cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk-cd]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true --set train.compile_tune_kernels=true"
+  [plain-noprefetch]="--set train.batch_prefetch=false"
+  [cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk-noprefetch]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true --set train.batch_prefetch=false"
   [cudnn-chunks8-b128-tk]="--set train.attention=\"cudnn\" --set train.loss_chunks=8 --set train.micro_batch_size=128 --set train.loss_kernel=\"triton\""
   [cudnn-fp8-all-graphs]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.compile_mode=\"max-autotune\""
 )
@@ -92,7 +95,7 @@ for p in sorted(pathlib.Path('/tmp/variants').glob('*/train_summary.json')):
     s, gpu = json.loads(p.read_text()), p.parent / "gpu"
     rows[p.parent.name] = {k: s[k] for k in ("tokens_per_s", "median_step_ms", "peak_memory_gib", "final_val_loss")}
     rows[p.parent.name]["gpu"] = int(gpu.read_text()) if gpu.is_file() else None
-plains = {r["gpu"]: r["tokens_per_s"] for n, r in rows.items() if n.startswith("plain")}  # one per GPU at most
+plains = {r["gpu"]: r["tokens_per_s"] for n, r in rows.items() if n in ("plain", "plain2")}  # one per GPU at most
 print(f"{'variant':16s} {'tok/s':>10s} {'x plain':>8s} {'step ms':>9s} {'peak GiB':>9s} {'val loss':>9s}")
 for name, r in rows.items():  # each against the plain run on its own GPU; else another GPU's, and said so
     same = r["gpu"] in plains

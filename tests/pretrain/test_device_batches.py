@@ -59,3 +59,11 @@ def test_cuda_copies_go_through_pinned_memory_and_arrive_whole():
     x, y = to_device(a, a + 1, torch.device("cuda"))
     torch.cuda.synchronize()
     assert x.is_cuda and torch.equal(x.cpu(), torch.from_numpy(a)) and torch.equal(y.cpu(), torch.from_numpy(a + 1))
+
+
+def test_without_read_ahead_each_batch_is_read_when_taken(shards):
+    plain, batches = _stream(shards), DeviceBatches(_stream(shards), CPU, ahead=False)
+    for _ in range(4):
+        batches.prefetch()  # a no-op: nothing is read before it is taken
+        assert batches.state() == plain.state() == batches.stream.state()
+        assert batches.next_batch()[0].tolist() == plain.next_batch()[0].tolist()

@@ -122,6 +122,9 @@ class TrainConfig:
                                          "their FP8 row cast in one Triton kernel (fp8_kernels.py; CUDA)")
     attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = param(
         "auto", "SDPA kernel to use on CUDA; auto = PyTorch's choice")
+    batch_prefetch: bool = param(True, "train batches through pinned host memory, the next one cut and queued while "
+                                       "the GPU runs the current one (device_batches.py); false: pageable copies "
+                                       "in turn, each waiting for the kernels queued before it")
     overfit_batch: bool = param(False, "sanity mode: train on the first batch only; loss must go to ~0")
     token_budget: int = param(0, "dry run: stop once this many tokens were trained on; 0 = no budget", ge=0)
     resume: bool = param(True, "continue from the run folder's checkpoint when one exists")

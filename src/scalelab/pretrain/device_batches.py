@@ -20,31 +20,38 @@ import torch
 from scalelab.pretrain.shards import StreamPosition, TokenStream
 
 
-def to_device(x: np.ndarray, y: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x, y) on `device`; on CUDA through pinned memory, so the copies do not wait for the queued kernels."""
-    if device.type != "cuda":
-        return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+def to_device(x: np.ndarray, y: np.ndarray, device: torch.device,
+              pinned: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) on `device`; on CUDA through pinned memory (`pinned`), so the copies do not wait for the queued
+    kernels."""
+    if device.type != "cuda" or not pinned:
+        return torch.from_numpy(x).to(device, non_blocking=True), torch.from_numpy(y).to(device, non_blocking=True)
     return tuple(torch.from_numpy(a).pin_memory().to(device, non_blocking=True) for a in (x, y))
 
 
 class DeviceBatches:
     """A TokenStream's batches on the device with at most one prefetched; `state()` as the stream's, for the
-    checkpoint, at the first batch not yet taken."""
+    checkpoint, at the first batch not yet taken. ahead=False (train.batch_prefetch): each batch read when taken,
+    from pageable memory, as a plain loader does (the baseline of the prefetch's A/B)."""
 
-    def __init__(self, stream: TokenStream, device: torch.device):
-        self.stream, self.device = stream, device
+    def __init__(self, stream: TokenStream, device: torch.device, ahead: bool = True):
+        self.stream, self.device, self.ahead = stream, device, ahead
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
         self._pending_from: StreamPosition | None = None  # the stream's position before the pending batch
 
     def prefetch(self) -> None:
-        """Cut the next batch and queue its copy (no-op when one is already pending)."""
+        """Cut the next batch and queue its copy (no-op when one is already pending, or not reading ahead)."""
+        if self.ahead:
+            self._load()
+
+    def _load(self) -> None:
         if self._pending is None:
             self._pending_from = self.stream.pos
-            self._pending = to_device(*self.stream.next_batch(), self.device)
+            self._pending = to_device(*self.stream.next_batch(), self.device, self.ahead)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next (x, y) on the device: the prefetched one, or one read now."""
-        self.prefetch()
+        self._load()
         batch, self._pending, self._pending_from = self._pending, None, None
         return batch
 

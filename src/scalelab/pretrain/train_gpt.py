@@ -397,7 +397,7 @@ def train(cfg: PretrainConfig) -> dict:
         step, pos = state["step"], StreamPosition(**state["data"])
     if step >= cfg.train.max_steps:  # a finished run: keep its summary rather than overwrite it
         return json.loads((run_dir / "train_summary.json").read_text())
-    stream = DeviceBatches(make_stream(cfg, "train", rank, world, pos), device)
+    stream = DeviceBatches(make_stream(cfg, "train", rank, world, pos), device, cfg.train.batch_prefetch)
     fixed = stream.next_batch() if cfg.train.overfit_batch else None
     tok_per_step = cfg.train.micro_batch_size * cfg.model.block_size * world * accum
     fpt, peak = flops_per_token(cfg.model, n_params), peak_flops(device, cfg.run.gpu) * world
