@@ -6,7 +6,8 @@ same work in the same run:
              layouts) against 'triton' followed by what it replaces (the static e5m2 cast and its transposed copy)
 Each kernel at several launch shapes (warps; the loss tile, rounding in integers or by the "hw" cast), its ms
 (median of --repeats after warm-up), the bytes it must move over that time, and its outputs checked against the
-reference (bf16 values, FP8 codes one apart at most). The reference is compiled as the trainer's step is (torch.compile, default mode). CUDA only.
+reference (bf16 values, FP8 codes one apart at most). The reference is compiled as the trainer's step is
+(torch.compile, default mode). CUDA only.
 
     PYTHONPATH=src python3 bench/gpu_row_kernels.py --out $OUT/row_kernels.json
 """

@@ -25,8 +25,7 @@ def stride_prefix_tokens(split_tokens: int, budget: int, batch: int, seq: int, w
 
 
 def shifts(data: Path, budget: int, batches: list[int], seq: int) -> dict:
-    windows = ValWindows(list_shards(data, "val"), seq)  # the whole split, in window order
-    targets = windows.rows(0, windows.count)[:, 1:].ravel()
+    targets = ValWindows(list_shards(data, "val"), seq).targets()  # the whole split, in window order
     counts = np.load(data / UNIGRAM_COUNTS_FILE)
     split = len(targets)
     rows = {b: stride_prefix_tokens(split, budget, b, seq) for b in batches}

@@ -14,6 +14,8 @@ that was prefetched but not used.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -56,5 +58,4 @@ class DeviceBatches:
         return batch
 
     def state(self) -> dict:
-        pos = self._pending_from or self.stream.pos
-        return {"shard": pos.shard, "offset": pos.offset, "epoch": pos.epoch}
+        return dataclasses.asdict(self._pending_from or self.stream.pos)

@@ -219,9 +219,7 @@ def unigram_baseline(cfg: PretrainConfig) -> float | None:
     counts = Path(cfg.data.dir) / UNIGRAM_COUNTS_FILE
     if counts.is_file():
         from scalelab.pretrain.train_gpt import val_windows
-        windows = val_windows(cfg)
-        targets = windows.rows(0, windows.count)[:, 1:].ravel()
-        return unigram_cross_entropy(np.load(counts), targets)
+        return unigram_cross_entropy(np.load(counts), val_windows(cfg).targets())
     path = Path(cfg.data.dir) / "manifest.json"
     if not path.is_file():
         return None

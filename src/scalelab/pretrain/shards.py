@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -179,7 +179,7 @@ class TokenStream:
         return rows
 
     def state(self) -> dict:
-        return {"shard": self.pos.shard, "offset": self.pos.offset, "epoch": self.pos.epoch}
+        return asdict(self.pos)
 
 
 class ValWindows:
@@ -211,6 +211,10 @@ class ValWindows:
             start = (w - int(self._starts[s])) * self.T
             out[i] = self.shards[s][start:start + self.T + 1]
         return out
+
+    def targets(self) -> np.ndarray:
+        """The target tokens of every window, in order: the tokens a val loss is scored on."""
+        return self.rows(0, self.count)[:, 1:].ravel()
 
     def batches(self, batch: int, rank: int = 0, world: int = 1):
         """(x, y, windows) for each of this rank's batches. Every rank yields as many batches (a rank past the last
