@@ -28,7 +28,7 @@
 #   Data on the device machine: carry .gpu-data/z, `bash bench/gpu_data.sh unpack /tmp/d`, then DATA=/tmp/d.
 set -uo pipefail
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}; STEPS=${STEPS:-12}; DATA=${DATA:-.gpu-data/sharegpt}
+OUT=${OUT:-/tmp/out}; STEPS=${STEPS:-12}; DATA=${DATA:-.gpu-data/sharegpt}; mkdir -p "$OUT"
 declare -A VARIANTS=(
   [plain]=""
   [plain2]=""
