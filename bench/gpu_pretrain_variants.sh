@@ -21,6 +21,7 @@
 #   at first call, GEMMs left alone (train.compile_tune_kernels; 322 s of compile, then non-finite gradients at
 #   step 0 in torch 2.11: results/h200/pretrain_variants_round6.json), plain-noprefetch / ...-gk-noprefetch (the
 #   batches copied from pageable memory in turn, train.batch_prefetch=false: the A/B of the pinned one-ahead loader),
+#   ...-gk-bf16res (train.residual_dtype="compute": the residual stream and LayerNorm outputs in bf16, as llm.c),
 #   cudnn-fp8-all-autotune / cudnn-fp8-all-graphs (train.compile_mode: autotuned kernels, then CUDA graphs too;
 #   autotuning compiles for minutes: raise VARIANT_TIMEOUT). A name "_" holds a place in the round-robin and runs
 #   nothing: GPUS="0 1" ... plain cudnn-fp8-all-autotune cudnn-fp8-all _ puts both short ones on GPU 0. Each variant
@@ -62,6 +63,7 @@ declare -A VARIANTS=(
   [cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk-at]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true --set train.compile_mode=\"max-autotune-no-cudagraphs\""
   [cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk-cd]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true --set train.compile_tune_kernels=true"
   [plain-noprefetch]="--set train.batch_prefetch=false"
+  [cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk-bf16res]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true --set train.residual_dtype=\"compute\""
   [cudnn-fp8row-all-chunks16-b256-tk8-fast-mk-gk-noprefetch]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.fp8_scaling=\"row\" --set train.fp8_fast_accum=true --set train.loss_chunks=16 --set train.micro_batch_size=256 --set train.loss_kernel=\"triton-e5m2\" --set train.compile_multi_kernel=true --set train.fp8_gelu_kernel=true --set train.batch_prefetch=false"
   [cudnn-chunks8-b128-tk]="--set train.attention=\"cudnn\" --set train.loss_chunks=8 --set train.micro_batch_size=128 --set train.loss_kernel=\"triton\""
   [cudnn-fp8-all-graphs]="--set train.attention=\"cudnn\" --set train.fp8=\"all\" --set train.compile_mode=\"max-autotune\""

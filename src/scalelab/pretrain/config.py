@@ -92,6 +92,11 @@ class TrainConfig:
     seed: int = param(1337, "seed for init and data order")
     device: Literal["auto", "cpu", "cuda"] = param("auto", "auto = cuda when available")
     dtype: Literal["auto", "float32", "bfloat16"] = param("auto", "autocast dtype; auto = bf16 on cuda, fp32 on cpu")
+    residual_dtype: Literal["float32", "compute"] = param(
+        "float32", "the residual stream and the LayerNorm outputs between blocks: float32, as autocast leaves them "
+                   "(fp32 embeddings; each add promotes; LayerNorm runs in fp32), or the compute dtype, as llm.c "
+                   "trains GPT-2 in bf16: half the bytes of every residual add, LayerNorm and their gradients, and "
+                   "of the activations saved for backward; LayerNorm's math stays fp32 inside the kernel")
     compile: bool = param(False, "torch.compile the model")
     compile_scope: Literal["model", "blocks"] = param("model", "compile the whole model, or each block and the "
                                                                "head apart (torchtitan; suits FSDP2)")
@@ -144,6 +149,10 @@ class TrainConfig:
                                         "val loss <= this; 0 = off", ge=0.0)
 
     def validate(self) -> None:
+        if self.residual_dtype == "compute" and self.dtype == "float32":
+            raise ConfigError("config field 'train.residual_dtype': 'compute' keeps the residual stream in the "
+                              "autocast dtype, and train.dtype='float32' has none; set train.dtype='bfloat16' "
+                              "(or 'auto' on a GPU) or train.residual_dtype='float32'")
         if self.loss_kernel != "torch" and not self.loss_chunks:
             raise ConfigError(f"config field 'train.loss_kernel': {self.loss_kernel!r} computes the chunks of the "
                               "chunked loss; set train.loss_chunks > 0 (8 at B=64, T=1024) or "

@@ -77,15 +77,21 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln_1(x)))  # pre-norm residual (GPT-2 sec. 2.3)
-        return x + self.drop(self.mlp(self.ln_2(x)))
+        x = x + self.drop(self.attn(normed(self.ln_1, x)))  # pre-norm residual (GPT-2 sec. 2.3)
+        return x + self.drop(self.mlp(normed(self.ln_2, x)))
+
+
+def normed(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """LayerNorm in fp32 math, out in x's dtype: a bf16 residual stream (train.residual_dtype) stays bf16 (llm.c)."""
+    return ln(x.float()).to(x.dtype) if x.dtype in (torch.bfloat16, torch.float16) else ln(x)
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, loss_chunks: int = 0, loss_kernel: str = "torch"):
+    def __init__(self, cfg: ModelConfig, loss_chunks: int = 0, loss_kernel: str = "torch",
+                 residual_dtype: torch.dtype | None = None):  # train.residual_dtype='compute': bf16 between blocks
         super().__init__()
         self.cfg, self.loss_chunks = cfg, loss_chunks  # loss_chunks > 0: chunked head + loss (chunked_ce.py)
-        self.loss_kernel = loss_kernel  # 'triton'*: its chunks' softmax/loss/gradient in Triton (ce_kernel.py)
+        self.loss_kernel, self.residual_dtype = loss_kernel, residual_dtype  # 'triton'*: ce_kernel.py's chunks
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
@@ -114,6 +120,7 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {T} exceeds model.block_size={self.cfg.block_size}")
         pos = torch.arange(T, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = x if self.residual_dtype is None else x.to(self.residual_dtype)  # fp32 embeddings: autocast's stream
         for block in self.transformer.h:
             x = block(x)
         return self.head(x, targets)
@@ -123,10 +130,10 @@ class GPT(nn.Module):
         # model and its exported 50257-row HF twin compute the same distribution.
         if targets is not None and self.loss_chunks:  # loss only: the (B*T, V) logits are never built
             fp8 = isinstance(self.lm_head, FP8Linear)  # train.fp8 'lm_head'/'all': the chunks' matmuls in FP8
-            return None, chunked_cross_entropy(self.transformer.ln_f(x), self.lm_head.weight, targets,
+            return None, chunked_cross_entropy(normed(self.transformer.ln_f, x), self.lm_head.weight, targets,
                                                self.loss_chunks, self.cfg.vocab_size, fp8,
                                                getattr(self.lm_head, "fast_accum", False), self.loss_kernel)
-        logits = self.lm_head(self.transformer.ln_f(x))[..., : self.cfg.vocab_size]
+        logits = self.lm_head(normed(self.transformer.ln_f, x))[..., : self.cfg.vocab_size]
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
@@ -197,8 +204,7 @@ def make_optimizer(model: nn.Module, cfg: PretrainConfig, device: torch.device):
 def make_adamw(model: nn.Module, cfg: PretrainConfig, fused: bool) -> torch.optim.AdamW:
     """AdamW (Loshchilov & Hutter 2019); decay only 2-D weights (matmuls, embeddings), not biases or norms."""
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
+    decay, no_decay = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     o = cfg.optim
     return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused)
@@ -286,9 +292,8 @@ class MetricsLog:
 
 
 def wrap_model(model: nn.Module, cfg: PretrainConfig, world: int, device: torch.device, dtype) -> nn.Module:
-    """FSDP2 shards each block then the root (Zhao et al. 2023); DDP replicates (Li et al. 2020).
-    compile_scope 'blocks' compiles each block and the head apart (torchtitan's layout), which keeps
-    FSDP2's all-gather hooks outside the compiled graphs instead of breaking one graph at every block."""
+    """FSDP2 shards each block then the root (Zhao et al. 2023); DDP replicates (Li et al. 2020). compile_scope
+    'blocks' compiles each block and the head apart (torchtitan), keeping FSDP2's all-gather hooks out of the graphs."""
     mode = None if cfg.train.compile_mode == "default" else cfg.train.compile_mode
     if cfg.train.compile and cfg.train.compile_multi_kernel:  # no on-disk graph caches: a cached multi-kernel
         import torch._functorch.config as functorch_config  # graph fails to reload (torch 2.11, TypeError in
@@ -328,8 +333,7 @@ def set_grad_sync(model: nn.Module, cfg: PretrainConfig, world: int, sync: bool)
 
 
 def nonfinite_diagnostic(model: nn.Module, step: int, loss: float, lr: float, last_norm: float) -> dict:
-    bad = [n for n, p in model.named_parameters()
-           if p.grad is not None and not torch.isfinite(p.grad).all()][:10]
+    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()][:10]
     return {"step": step, "loss": loss, "lr": lr, "last_grad_norm": last_norm, "params_with_nonfinite_grad": bad,
             "hint": "lower optim.lr, raise schedule.warmup_steps, or check the data for corrupt tokens"}
 
@@ -363,7 +367,10 @@ def train_step(model, optimizer, stream, cfg, world, device, autocast, accum, fi
 def build(cfg: PretrainConfig, world: int, device: torch.device):
     """(model, optimizer, autocast context, parameter count, compute dtype) as cfg describes them: FP8 swap, SDPA
     kernel choice, compile and data-parallel wrapping. Seed first: the init draws from the global generator."""
-    model = GPT(cfg.model, cfg.train.loss_chunks, cfg.train.loss_kernel).to(device)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
+             "float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.train.dtype]
+    model = GPT(cfg.model, cfg.train.loss_chunks, cfg.train.loss_kernel,
+                dtype if cfg.train.residual_dtype == "compute" else None).to(device)
     if cfg.train.fp8 != "none":
         require_fp8(device)
         use_fp8(model, cfg.train.fp8, cfg.train.fp8_fast_accum, cfg.train.fp8_scaling == "row",
@@ -372,8 +379,6 @@ def build(cfg: PretrainConfig, world: int, device: torch.device):
         for kind in ("cudnn", "flash", "mem_efficient", "math"):
             getattr(torch.backends.cuda, f"enable_{kind}_sdp")(kind.endswith(cfg.train.attention))
     n_params = sum(p.numel() for p in model.parameters())
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
-             "float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.train.dtype]
     model = wrap_model(model, cfg, world, device, dtype)
     optimizer = make_optimizer(model, cfg, device)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
