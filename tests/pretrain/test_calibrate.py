@@ -119,6 +119,42 @@ def test_h100_transfer_and_what_falls_back_to_priors():
     assert predict(cfg, 1, "h200", mfu=0.3, calibration=HAND).throughput.assumed_mfu == 0.3
 
 
+def test_recipe_fit_recovers_u_at_the_bf16_overhead_and_scores_its_held_out_rows():
+    true_t = replace(HAND.throughput, mfu_matmul=0.52)
+    w = replace(synthetic_workload(131_072, 4, 8.5e8, 2e9), loss_bytes_scale=6 / 16)
+    row = lambda key, role, f: cal.Row(key, "", role, "", w, cal.tokens_per_s(w, true_t) * f, None)  # noqa: E731
+    noisy = [row("a", "fit", 0.98), row("b", "fit", 1.02)]   # +-2% around the form: least squares lands near 0.52
+    assert cal.fit_recipe_mfu(noisy, HAND.throughput) == pytest.approx(0.52, rel=1e-3)
+    rows = [row("f", "fit", 1.0), row("h", "held-out", 1.05), row("s", "stale", 0.5)]
+    fit, scores = cal.calibrate_recipe(rows, HAND, "fp8-row")
+    assert fit.family == "fp8-row" and fit.fitted_on == ("f",) and fit.mfu_matmul == pytest.approx(0.52, rel=1e-12)
+    # the held-out row runs 5% faster than the form: |1/1.05 - 1|; the stale row counts neither way
+    assert fit.tokens_per_s_rel == pytest.approx(1 - 1 / 1.05, rel=1e-9)
+    assert [s.tokens_per_s_ratio for s in scores] == pytest.approx([1.0, 1 / 1.05, 2.0])
+    with pytest.raises(ValueError, match="no rows"):
+        cal.fit_recipe_mfu([], HAND.throughput)
+
+
+RECIPE = ["train.micro_batch_size=256", "train.total_batch_tokens=524288", "train.loss_chunks=16"]
+
+
+def test_fp8_row_recipe_prediction_by_hand_and_other_fp8_on_the_prior():
+    c = replace(HAND, recipes=(cal.RecipeFit("fp8-row", 0.52, 0.07, ("r4", "r5")),))
+    cfg = load_pretrain_config(None, [*GPT2_124M, *RECIPE, 'train.fp8="all"', 'train.fp8_scaling="row"'])
+    p = predict(cfg, 1, "h200", calibration=c)
+    # per token: 798,759,936 / (989.4e12 x 0.52) + 16 x 6/16 x 50,257 / 4.8e12 = 1.55250e-6 + 6.2821e-8 s;
+    # 2 micro-steps of 262,144 tokens + 4.5 ms = 0.85134 s a step
+    per_token = 798_759_936 / (989.4e12 * 0.52) + 6 * 50_257 / 4.8e12
+    tps = 524_288 / (524_288 * per_token + 0.0045)
+    assert p.throughput.model == "calibrated" and p.throughput.tokens_per_s == pytest.approx(tps, rel=1e-12)
+    assert (p.throughput.tokens_per_s_low, p.throughput.tokens_per_s_high) == pytest.approx((tps / 1.07, tps / 0.93))
+    assert "fp8-row recipe family" in p.throughput.mfu_why and p.memory.model == "prior"
+    tensor = predict(load_pretrain_config(None, [*GPT2_124M, *RECIPE, 'train.fp8="all"']), 1, "h200", calibration=c)
+    assert tensor.throughput.model == "prior" and "calibrated for bf16, fp8-row; this run is fp8-all-tensor" in \
+        tensor.throughput.mfu_why
+    assert cal.calibration_from_dict(cal.calibration_to_dict(c), "x").recipes == c.recipes
+
+
 # ---------------------------------------------------------------------------------------------
 # the ladder
 
@@ -196,10 +232,14 @@ def test_committed_calibration_is_what_the_bench_computes():
         sys.path.pop(0)
     fresh, committed = bench.document(REPO), read_json(REPO / bench.OUT)
     for key in ("throughput_fit", "memory_fit", "intervals", "fitted_on", "summary", "rows", "predictions",
-                "time_to_target", "loss_ladder"):
+                "time_to_target", "loss_ladder", "recipe_fits", "recipe_rows", "variants_scored"):
         assert rounded(json.loads(json.dumps(fresh[key]))) == rounded(committed[key]), key
     assert committed["summary"]["tokens_per_s"]["within_10pct"] == committed["summary"]["tokens_per_s"]["held_out"]
     assert set(committed["fitted_on"]).isdisjoint(committed["held_out"])
+    fp8_row = committed["recipe_rows"]["fp8-row"]   # the FP8 per-row family: fitted on rounds 4-5, held out 6-7
+    held = [r for r in fp8_row if r["role"] == "held-out"]
+    assert len(held) >= 10 and all(r["tokens_per_s"]["within_10pct"] for r in held)
+    assert all("round6" in r["key"] or "round7" in r["key"] for r in held)
 
 
 def test_ladder_check_scores_the_run_outside_the_fit():
@@ -246,21 +286,28 @@ def test_docs_are_generated_from_the_results(tmp_path):
     v = read_json(REPO / "results/h200/pretrain_time_to_target.json")["verdict"]   # time to target, read right
     assert f"ratio {v['ratio']:.3f}**" in text and f"**{v['target_val_loss']:.3f}**" in text
     assert "| cudnn-fp8-all-chunks8-b128-tk | 3 | 578k | 1.193 | 33.7 |" in text               # third round
-    v6 = read_json(REPO / "results/h200/pretrain_variants_round6.json")          # sixth round: the latest verdict
-    assert f"**Verdict: {v6['verdict']}.**" in text and "636,091 tokens/s" in v6["verdict"]
+    v6 = read_json(REPO / "results/h200/pretrain_variants_round6.json")
+    v7 = read_json(REPO / "results/h200/pretrain_variants_round7.json")        # seventh round: the latest verdict
+    assert f"**Verdict: {v7['verdict']}.**" in text and v7["verdict"].startswith("met: 656,603 tokens/s")
     assert "| cudnn-fp8row-all-chunks8-b128-tk-fast-mk | 4 | 605k | 1.242 | 42.7 |" in text
-    assert "| triton | 221 | 416 | 288 | 142 | 143 |" in text          # round 4's profiles, round 5's, round 6's
+    assert "| triton | 221 | 416 | 288 | 142 | 143 | 143 |" in text    # round 4's profiles, round 5's, 6's, 7's
     assert "rounds 3-5 ended -0.0070, -0.0165, -0.0397 off plain, but on different val prefixes" in text
     q = v6["quality"]                                        # the rerun on equal val tokens: both runs scored them
     assert q["scored_on_the_same_tokens"] and len(set(q["val_tokens_scored"].values())) == 1
     assert f"round 5's recipe ends **{q['final_val_diff']:+.4f}** off plain (within 0.02: yes)" in text
     assert "to save 6.5 ms/step, saved 0.9 in an A/B on one GPU" in text          # the hardware-cast tile
-    assert "one slow kernel (130 ms/step)" in text and "7.59 ms in bf16, 4.79 in per-tensor FP8" in text
+    assert "one slow kernel, 130 ms/step)" in text and "7.59 ms in bf16, 4.79 in per-tensor FP8" in text
     assert "added 1.3%" in text   # 605,395 / 597,377 in the same call
     assert "saved 9, 4, 15 ms/step (each, then both) against 26–28, 20–47, 46–76 forecast" in text  # the forecast
     v = c["variants_scored"]["summary"]                           # the recipe variants, scored apart
-    assert (v["runs"], v["peak_memory_gib_inside"], v["tokens_per_s_inside"]) == (25, 25, 24)
-    assert "25 recipe-variant runs of rounds 2-6 (chunked loss, FP8, B=128/256), 25 inside in memory" in text
+    assert (v["runs"], v["peak_memory_gib_inside"], v["tokens_per_s_inside"]) == (32, 32, 31)
+    assert "32 recipe-variant runs of rounds 2-7: 32 inside in memory, 31 in tokens/s" in text
+    fit = c["recipe_fits"][0]                                     # the FP8 per-row family's own u, scored forward
+    assert f"has its own u = {fit['mfu_matmul']:.3f} (10 runs of rounds 4-5): 10 of 10 later runs within ±10%" in text
+    q7 = v7["quality"]                                       # round 7: the bf16 stream's quality, loader, bf16 A/B
+    assert f"with round 7's bf16 residual stream, **{q7['final_val_diff']:+.4f}** (within 0.02: yes)" in text
+    assert "from 8.7 to 0.03 ms/step but the step by 1.5 ms (forecast 2.6–8.7)" in text
+    assert "at 7.7–31.1 ms/step, saved 36–40 on one machine" in text
     check = c["loss_ladder"]["checks"][0]                                              # the 350M ladder check
     assert f"measured **{check['measured']:.3f}**: inside the interval" in text and check["inside_interval"]
     held = {h["split"]: h["max_abs_error"] for h in c["loss_ladder"]["held_out"]}   # the ladder, scored

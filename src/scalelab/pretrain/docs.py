@@ -43,6 +43,7 @@ class DocInputs:
     variants4: dict | None          # the fourth round, with its profiles and GEMM table
     variants5: dict | None          # the fifth round: its kernels against their forecast, the B=256 recipe
     variants6: dict | None          # the sixth round: quality on equal val tokens, the tuned launches' profile
+    variants7: dict | None          # the seventh round: the batch loader, the bf16 residual stream
     forecast: dict | None           # bench/pretrain_kernel_forecast.py: the next kernels' step time, before running
     recipe: PretrainConfig
     demo: dict | None               # the CPU demo's results.json, when the run folder exists
@@ -57,7 +58,8 @@ def load_inputs(repo: Path) -> DocInputs:
                      variants2=optional(VARIANTS2), variants3=docs_speed.load(repo),
                      variants4=docs_speed.load(repo, docs_speed.VARIANTS4),
                      variants5=docs_speed.load(repo, docs_speed.VARIANTS5),
-                     variants6=docs_speed.load(repo, docs_speed.VARIANTS6), forecast=optional(docs_speed.FORECAST),
+                     variants6=docs_speed.load(repo, docs_speed.VARIANTS6),
+                     variants7=docs_speed.load(repo, docs_speed.VARIANTS7), forecast=optional(docs_speed.FORECAST),
                      recipe=load_pretrain_config(repo / RECIPE),
                      demo=optional(f"{DEMO}/results.json"))
 
@@ -100,12 +102,11 @@ def _intro(d: DocInputs) -> list[str]:
             f"({ttt['hours_interval'][0]:.2f}–{ttt['hours_interval'][1]:.2f}) for **${ttt['cost_usd']:.2f}**. "
             f"The recipe-speed goal: {_speed_verdict(d)}. " + _ttt_sentence(d)
             + ("The loss side of the prediction is still a published prior: the local scaling-law ladder is "
-               "scripted but has not run." if d.ladder is None else
-               f"The scaling-law ladder has {len(d.ladder.get('points', []))} finished runs."), ""]
+               "scripted but has not run." if d.ladder is None else ""), ""]
 
 
 def _latest(d: DocInputs) -> dict:
-    return d.variants6 or d.variants5 or d.variants4 or d.variants3 or d.variants2 or d.variants
+    return d.variants7 or d.variants6 or d.variants5 or d.variants4 or d.variants3 or d.variants2 or d.variants
 
 
 def _speed_verdict(d: DocInputs) -> str:
@@ -175,9 +176,17 @@ def _variants_scored(c: dict) -> str:
     s = c.get("variants_scored", {}).get("summary")
     if not s:
         return ""
-    return (f"Scored apart, each against `predict`'s own interval (calibrated for bf16, the priors for FP8): "
-            f"{s['runs']} recipe-variant runs of rounds 2-6 (chunked loss, FP8, B=128/256), "
-            f"{s['peak_memory_gib_inside']} inside in memory and {s['tokens_per_s_inside']} in tokens/s.")
+    fits = " ".join(f"The {f['family']} recipe family (per-row FP8) has its own u = {f['mfu_matmul']:.3f} "
+                    f"({len(f['fitted_on'])} runs of rounds 4-5): {_held_out_within(c, f['family'])} later runs "
+                    f"within ±10% (worst {_pct(f['tokens_per_s_rel'])})." for f in c.get("recipe_fits", []))
+    return (f"{fits} Against `predict`'s intervals (calibrated for bf16 and that family, else priors), "
+            f"{s['runs']} recipe-variant runs of rounds 2-7: {s['peak_memory_gib_inside']} inside in memory, "
+            f"{s['tokens_per_s_inside']} in tokens/s.")
+
+
+def _held_out_within(c: dict, family: str) -> str:
+    held = [r for r in c["recipe_rows"][family] if r["role"] == "held-out"]
+    return f"{sum(r['tokens_per_s']['within_10pct'] for r in held)} of {len(held)}"
 
 
 def _extrapolation(d: DocInputs) -> float:
@@ -217,7 +226,7 @@ def _variant_rounds(d: DocInputs) -> list[tuple[str, dict]]:
     """(round, {variant: record}) per measurement call; each call's ratios are to the plain run beside it."""
     rounds = [("1", d.variants["variants"])]
     for rnd, doc in (("2", d.variants2), ("3", d.variants3), ("4", d.variants4), ("5", d.variants5),
-                     ("6", d.variants6)):
+                     ("6", d.variants6), ("7", d.variants7)):
         if doc is not None:
             rounds += [(rnd, call["variants"]) for call in doc["calls"].values()]
     return rounds
@@ -229,20 +238,21 @@ def _variants(d: DocInputs) -> list[str]:
     for rnd, variants in rounds:
         for name, r in sorted(variants.items(), key=lambda kv: kv[1]["tokens_per_s"]):
             if name != "plain":
-                rows.append(f"| {name} | {rnd} | {_k(r['tokens_per_s'])} | {r['speedup_vs_plain']:.3f} | "
-                            f"{r['peak_memory_gib']:.1f} |")
+                ratio = "—" if r["speedup_vs_plain"] is None else f"{r['speedup_vs_plain']:.3f}"
+                rows.append(f"| {name} | {rnd} | {_k(r['tokens_per_s'])} | {ratio} | {r['peak_memory_gib']:.1f} |")
     q = v["quality"]
     tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
-    plains = [x["plain"]["tokens_per_s"] for _, x in rounds]
+    plains = [x["plain"]["tokens_per_s"] for _, x in rounds if "plain" in x]
     plain = f"{_k(min(plains))}–{_k(max(plains))} over {len(plains)} calls"
     return ["## Recipe variants: the speed goal", "",
-            f"Goal: {v['goal']}. Each variant is the 124M recipe on one H200, 10-12 steps, beside a plain run in "
-            f"the same call (plain: {plain}).", "", *rows, "", *_variants_notes(d),
+            f"Goal: {v['goal']}. Each variant is the 124M recipe on one H200, 10-12 steps (`-bf16res`: its 80-step "
+            f"quality run), beside a plain run in the same call (plain: {plain}).", "", *rows, "", *_variants_notes(d),
             f"Quality: `{q['variant_sets']}` trained side by side with plain to {tokens / 1e6:.1f}M tokens (same "
             f"seed and data order) ends {q['final_val_diff']:+.4f} off in val loss; the chunked loss computes the "
-            "same loss exactly.", "", *docs_speed.quality_sentence(d.variants3, d.variants4, d.variants5, d.variants6),
-            f"**Verdict: {_latest(d)['verdict']}.**", "", *_next_steps(d),
-            *docs_speed.profile_section(d.variants3, d.variants4, d.forecast, d.variants5, d.variants6)]
+            "same loss exactly.", "",
+            *docs_speed.quality_sentence(d.variants3, d.variants4, d.variants5, d.variants6, d.variants7),
+            f"**Verdict: {_latest(d)['verdict']}.**", "", *(_next_steps(d) if d.variants7 is None else []),
+            *docs_speed.profile_section(d.variants3, d.variants4, d.forecast, d.variants5, d.variants6, d.variants7)]
 
 
 def _variants_notes(d: DocInputs) -> list[str]:

@@ -62,8 +62,7 @@ def _ttt_reading(base: dict, ladder: dict | None) -> list[str]:
             f"baseline {base['final_val_loss']:.2f} on {base['tokens'] / 1e6:.0f}M: at this budget the baseline is "
             "limited by steps (its batch is far above Kaplan et al. 2020's critical batch at these losses), where "
             "an optimizer that does more per step wins most. At the 10B-token bar the ratio will be smaller: "
-            "Jordan (2024) reports Muon 1.35x faster to 3.28 with GPT-2 124M. Not separated here: Muon against "
-            "the AdamW groups' 3x learning rate."]
+            "Jordan (2024) reports Muon 1.35x faster to 3.28 with GPT-2 124M."]
 
 
 def _misses(form: dict) -> str:
@@ -115,13 +114,12 @@ def ladder_section(ladder: dict | None, check: dict | None, figure: FigureLine) 
             "(2020)'s joint form [(N_c/N)^(α_N/α_D) + D_c/D]^α_D has, yet fitted and scored the same way it does "
             f"no better ({_misses(check['joint'])}): at these budgets neither form captures how sharply size starts "
             "to pay.", "",
-            "Predicted on this data at that budget, the held-out error as interval: "
-            + "; ".join(f"{p['size']} {p['loss']:.2f} ({p['interval'][0]:.2f}–{p['interval'][1]:.2f})"
-                        for p in preds)
-            + f". Both centres lie above the {_size(at_top[-1]['n_params'])} run's "
-            f"{at_top[-1]['measured']:.2f}, which a bigger model should beat: trust the interval, not the centre. "
-            + _check_sentence(check.get("checks", []), at_top[-1])
-            + "`predict` uses this law only for runs on the same data manifest; FineWeb keeps the Chinchilla prior.",
+            ("Predicted on this data at that budget, the held-out error as interval: "
+             + "; ".join(f"{p['size']} {p['loss']:.2f} ({p['interval'][0]:.2f}–{p['interval'][1]:.2f})"
+                         for p in preds)
+             + f". Both centres lie above the {_size(at_top[-1]['n_params'])} run's "
+             f"{at_top[-1]['measured']:.2f}, which a bigger model should beat: trust the interval, not the centre. "
+             + _check_sentence(check.get("checks", []), at_top[-1])).rstrip(),
             "",
             *figure("ladder", "final val loss against tokens per model size, with the fitted law"), ""]
 

@@ -1,7 +1,8 @@
 """docs/pretrain.md's speed reading: where a training step's GPU time goes (the committed profiles of
 bench/gpu_pretrain_profile.py, the GEMM table of bench/gpu_fp8_gemm.py), what the third to sixth rounds' fastest
-recipes kept of the loss, how the fifth round's kernels met their forecast and what the sixth round's tuning moved.
-Numbers come only from results/h200/pretrain_variants_round{3,4,5,6}.json, the forecast, and the files they name."""
+recipes kept of the loss, how the fifth round's kernels met their forecast, what the sixth round's tuning moved and
+what the seventh round's loader and bf16 residual stream did against their forecasts.
+Numbers come only from results/h200/pretrain_variants_round{3,4,5,6,7}.json, the forecast, and the files they name."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,6 +13,7 @@ VARIANTS3 = "results/h200/pretrain_variants_round3.json"
 VARIANTS4 = "results/h200/pretrain_variants_round4.json"
 VARIANTS5 = "results/h200/pretrain_variants_round5.json"
 VARIANTS6 = "results/h200/pretrain_variants_round6.json"
+VARIANTS7 = "results/h200/pretrain_variants_round7.json"
 FORECAST = "results/h200/pretrain_kernel_forecast.json"
 HEAD_ONLY = "cudnn-fp8-head-chunks8-b128-tk"  # FP8 in the chunked head only: what FP8 in the blocks adds
 
@@ -54,11 +56,11 @@ def _profile_table(*docs: dict | None) -> list[str]:
 
 
 def profile_section(v3: dict | None, v4: dict | None = None, forecast: dict | None = None,
-                    v5: dict | None = None, v6: dict | None = None) -> list[str]:
+                    v5: dict | None = None, v6: dict | None = None, v7: dict | None = None) -> list[str]:
     doc = v4 or v3
     if doc is None:
         return []
-    later = [v for v in (v5, v6) if v and v4]
+    later = [v for v in (v5, v6, v7) if v and v4]
     busy = min(p["summary"]["gpu_busy_fraction"] for d in (doc, *later) for p in _profiles(d))
     rounds = f"s 4-{4 + len(later)}" if later else (" 4" if v4 else " 3")
     return ["### Where the step goes", "",
@@ -66,7 +68,8 @@ def profile_section(v3: dict | None, v4: dict | None = None, forecast: dict | No
             "Inductor's fused kernels):", "", *_profile_table(doc, *later), "",
             f"The GPU is busy ≥ {100 * busy:.1f}% of the wall clock: the host is not the limit. "
             + (_reading4(v4, forecast, tail=v5 is None, goal=v6 is None) if v4 else _reading3(v3)), "",
-            *(_reading5(v5) if v5 and v4 else []), *(_reading6(v5, v6) if v5 and v6 and v4 else [])]
+            *(_reading5(v5) if v5 and v4 else []), *(_reading6(v5, v6) if v5 and v6 and v4 else []),
+            *(_reading7(v7) if v7 and v6 else [])]
 
 
 def _reading3(v3: dict) -> str:
@@ -99,10 +102,10 @@ def _reading4(v4: dict, forecast: dict | None, tail: bool = True, goal: bool = T
             f"{block['fp8_row_ms']:.2f} in per-row FP8; per-tensor scaling spends its saving on amax passes, casts and "
             "transposed copies. Per-row scales (`train.fp8_scaling=\"row\"`, torchao's rowwise recipe, weight "
             "gradient in bf16) fuse each row's amax into the kernel that writes the row and need no transposes. "
-            "Inductor first fused the bias gradient's token-sum with the row amax into one slow kernel "
-            f"({fused['ms_per_step']:.0f} ms/step); with the bias in the GEMM epilogue and its gradient as a GEMM the "
-            f"step fell from {before['wall_ms_per_step']:.0f} to {after['wall_ms_per_step']:.0f} ms, and multi-kernel "
-            f"reductions (`train.compile_multi_kernel`) added {100 * (_mk_gain(v4) - 1):.1f}%."
+            f"The bias in the GEMM epilogue took the step from {before['wall_ms_per_step']:.0f} to "
+            f"{after['wall_ms_per_step']:.0f} ms (Inductor had fused its gradient's token-sum with the row amax into "
+            f"one slow kernel, {fused['ms_per_step']:.0f} ms/step); multi-kernel reductions added "
+            f"{100 * (_mk_gain(v4) - 1):.1f}%."
             + (" " + _goal(v4) if goal else "")
             + (" " + (_forecast(forecast) if forecast else _left(after)) if tail else ""))
 
@@ -152,15 +155,35 @@ def _reading6(v5: dict, v6: dict) -> list[str]:
     hw = v6["hw_cast_ablation"]
     return [f"Round 6, at the tuned launches: {moved} ms (another GPU). The hardware-cast loss tile, forecast "
             f"from its time alone to save {hw['forecast_saving_ms']:.1f} ms/step, saved "
-            f"{hw['measured_saving_ms']:.1f} in an A/B on one GPU; coordinate-descent tuning "
-            "(`train.compile_tune_kernels`) gave non-finite gradients.", ""]
+            f"{hw['measured_saving_ms']:.1f} in an A/B on one GPU.", ""]
+
+
+def _reading7(v7: dict) -> list[str]:
+    """The seventh round: the batch loader and the bf16 residual stream against their forecasts; the GPUs' spread."""
+    lv, bf = v7["loader_vs_forecast"], v7["bf16res_vs_forecast"]
+    idle = list(lv["idle_by_batch_copies_ms"].values())
+    saved = sorted(bf["measured_saving_ms"].values())
+    runs = [r for c in v7["calls"].values() for n, r in c["variants"].items()]
+    plains = [r["tokens_per_s"] for c in v7["calls"].values() for n, r in c["variants"].items() if n == "plain"]
+    recipe = [r["tokens_per_s"] for r in runs if r.get("sets", "").endswith("train.fp8_gelu_kernel=true")]
+    mem = bf["peak_memory_gib"]
+    return [f"Round 7: a pinned one-ahead batch loader (`train.batch_prefetch`) cut the idle time around batch "
+            f"copies from {idle[0]:.1f} to {idle[1]:.2f} ms/step but the step by "
+            f"{lv['measured_saving_ms']['recipe']:.1f} ms (forecast {lv['forecast_saving_ms'][0]:.1f}–"
+            f"{lv['forecast_saving_ms'][1]:.1f}). A bf16 residual stream (`train.residual_dtype=\"compute\"`, as "
+            f"llm.c), forecast from the LayerNorm kernels' bytes at {bf['forecast_saving_ms'][0]:.1f}–"
+            f"{bf['forecast_saving_ms'][1]:.1f} ms/step, saved {saved[0]:.0f}–{saved[1]:.0f} on one machine; the peak "
+            f"fell {mem['without (call 5)'] - mem['measured']:.2f} GiB, not to the forecast "
+            f"{mem['forecast'][0]:.0f}–{mem['forecast'][1]:.0f}. Across three H200s plain ran "
+            f"{thousands(min(plains))}–{thousands(max(plains))}, the recipe without it "
+            f"{thousands(min(recipe))}–{thousands(max(recipe))}.", ""]
 
 
 def quality_sentence(v3: dict | None, v4: dict | None = None, v5: dict | None = None,
-                     v6: dict | None = None) -> list[str]:
-    if v5 and v6:  # the sixth round reran the check on equal val tokens
+                     v6: dict | None = None, v7: dict | None = None) -> list[str]:
+    if v5 and v6:  # the sixth round reran the check on equal val tokens; the seventh checked its bf16 stream so
         return _quality6(v6, [d["quality"]["final_val_diff"] for d in (v3, v4) if d]
-                         + [v5["quality"]["final_val_diff_as_measured"]])
+                         + [v5["quality"]["final_val_diff_as_measured"]], v7)
     if v5:  # the fifth round found these checks scored different val tokens: one reading for all three
         return _quality5(v5, [d["quality"]["final_val_diff"] for d in (v3, v4) if d])
     out = []
@@ -193,13 +216,17 @@ def _quality5(v5: dict, earlier: list[float]) -> list[str]:
             "Quality is unproven until rerun on equal tokens.", ""]
 
 
-def _quality6(v6: dict, earlier: list[float]) -> list[str]:
-    """The B=128/256 quality checks of rounds 3-5 (unequal val tokens), and the sixth round's rerun on equal ones."""
+def _quality6(v6: dict, earlier: list[float], v7: dict | None = None) -> list[str]:
+    """The B=128/256 quality checks of rounds 3-5 (unequal val tokens), the sixth round's rerun on equal ones, and
+    the seventh's check of the bf16 residual stream on that recipe."""
     q = v6["quality"]
     tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
     scored = q["val_tokens_scored"]["plain (B=64)"]
+    q7 = v7["quality"] if v7 else None
     return [f"The fastest recipes of rounds 3-5 ended {', '.join(f'{x:+.4f}' for x in earlier)} off plain, "
             "but on different val prefixes: the trainer read val in B·T strides, now fixed (`shards.ValWindows`). "
             f"Rerun on the same {scored / 1e6:.2f}M val tokens to {tokens / 1e6:.1f}M training tokens, round 5's "
             f"recipe ends **{q['final_val_diff']:+.4f}** off plain (within 0.02: "
-            f"{'yes' if q['within_0.02'] else 'no'}).", ""]
+            f"{'yes' if q['within_0.02'] else 'no'})"
+            + (f"; with round 7's bf16 residual stream, **{q7['final_val_diff']:+.4f}** (within 0.02: "
+               f"{'yes' if q7['within_0.02'] else 'no'})." if q7 else "."), ""]

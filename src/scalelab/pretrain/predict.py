@@ -7,8 +7,9 @@
 Throughput and memory come from one of two sources, and the prediction says which:
 - calibrated: the forms of calibrate.py with constants fitted on measured runs
   (results/h200/pretrain_predictor_calibration.json, made by bench/pretrain_calibration.py), used for bf16 +
-  torch.compile runs without FP8 on the calibrated hardware or one it transfers to (calibrate.TRANSFERABLE);
-  the interval is the largest error on the rows the constants were not fitted on;
+  torch.compile runs on the calibrated hardware or one it transfers to (calibrate.TRANSFERABLE): without FP8,
+  or, for throughput only, in a recipe family with its own fit (FP8 with per-row scales); the interval is the
+  largest error on the rows the constants were not fitted on;
 - prior: an MFU from a table per hardware (below, with where each number comes from) and the byte counts here.
 The loss law is, in order: one given by the caller; a fit on a local ladder of small runs on the same data
 (results/h200/scaling_ladder.json, made by bench/gpu_scaling_ladder.sh); else the Chinchilla prior.
@@ -356,19 +357,36 @@ def estimate_loss(cfg: PretrainConfig, tokens: int, law: ScalingLaw) -> LossEsti
                         train_tokens=tokens, uniform_loss=uniform, law=law)
 
 
+def recipe_family(cfg: PretrainConfig) -> str:
+    """Runs whose kernels share one calibrated u: 'bf16' (no FP8), 'fp8-row' (FP8 blocks or all with per-row
+    scales, the weight gradient in bf16), else 'fp8-<which>-<scaling>'."""
+    t = cfg.train
+    if t.fp8 == "none":
+        return "bf16"
+    return "fp8-row" if t.fp8 in ("blocks", "all") and t.fp8_scaling == "row" else f"fp8-{t.fp8}-{t.fp8_scaling}"
+
+
 def calibration_for(cfg: PretrainConfig, hw: Hardware, dtype: str,
                     calibration: cal.Calibration | str | None) -> tuple[cal.Calibration | None, str]:
-    """(the calibration that applies to this run, or None; why). It covers what was measured: bf16 autocast,
-    torch.compile, no FP8, on the calibrated hardware or one it transfers to."""
+    """(the calibration that applies to this run's throughput, or None; why). It covers what was measured: bf16
+    autocast and torch.compile, without FP8 or in a recipe family with its own fit (calibrate.RecipeFit), on the
+    calibrated hardware or one it transfers to."""
     if calibration is None:
         return None, "not requested"
     c = cal.load_calibration(CALIBRATION_PATH) if calibration == AUTO else calibration
     if c is None:
         return None, f"no calibration file at {CALIBRATION_PATH}"
-    if dtype != "bfloat16" or not cfg.train.compile or cfg.train.fp8 != "none":
-        return None, "calibrated on bf16 + torch.compile without FP8; this run differs"
+    if dtype != "bfloat16" or not cfg.train.compile:
+        return None, "calibrated on bf16 + torch.compile; this run differs"
     moved = cal.for_hardware(c, hw)
-    return (moved, "calibrated") if moved else (None, f"calibrated on {c.hardware}, not transferable to {hw.key}")
+    if moved is None:
+        return None, f"calibrated on {c.hardware}, not transferable to {hw.key}"
+    family = recipe_family(cfg)
+    if family == "bf16":
+        return moved, "calibrated"
+    fitted = cal.for_recipe(moved, family)
+    families = ", ".join(["bf16", *(f.family for f in c.recipes)])
+    return (fitted, "calibrated") if fitted else (None, f"calibrated for {families}; this run is {family}")
 
 
 def default_loss_law(cfg: PretrainConfig, ladder_path: str | Path | None = None) -> ScalingLaw:
@@ -398,7 +416,10 @@ def predict(cfg: PretrainConfig, world_size: int = 1, hardware_key: str = "auto"
         throughput = estimate_throughput(cfg, hw, world_size, mfu_assumption(cfg, hw, mfu))
         if c is None and calibration is not None:
             throughput = replace(throughput, mfu_why=f"{throughput.mfu_why}; not calibrated: {why_not}")
-    memory = calibrated_memory(cfg, hw, world_size, c) if c else estimate_memory(cfg, hw, world_size, dtype)
+    if c is not None and recipe_family(cfg) == "bf16":  # the memory fit covers the bf16 runs only
+        memory = calibrated_memory(cfg, hw, world_size, c)
+    else:
+        memory = estimate_memory(cfg, hw, world_size, dtype)
     return PretrainPrediction(run_name=cfg.run.name, hardware_key=hw.key, hardware_name=hw.name, dtype=dtype,
                               n_params=count_params(cfg.model), throughput=throughput, memory=memory,
                               loss=estimate_loss(cfg, throughput.train_tokens, loss_law or default_loss_law(cfg)))
