@@ -150,9 +150,11 @@ def test_fp8_row_recipe_prediction_by_hand_and_other_fp8_on_the_prior():
     assert (p.throughput.tokens_per_s_low, p.throughput.tokens_per_s_high) == pytest.approx((tps / 1.07, tps / 0.93))
     assert "fp8-row recipe family" in p.throughput.mfu_why and p.memory.model == "prior"
     tensor = predict(load_pretrain_config(None, [*GPT2_124M, *RECIPE, 'train.fp8="all"']), 1, "h200", calibration=c)
-    assert tensor.throughput.model == "prior" and "calibrated for bf16, fp8-row; this run is fp8-all-tensor" in \
-        tensor.throughput.mfu_why
+    why = "calibrated for bf16, fp8-row; this run is fp8-all-tensor-chunked"
+    assert tensor.throughput.model == "prior" and why in tensor.throughput.mfu_why
     assert cal.calibration_from_dict(cal.calibration_to_dict(c), "x").recipes == c.recipes
+    unchunked = load_pretrain_config(None, [*GPT2_124M, 'train.fp8="all"', 'train.fp8_scaling="row"'])
+    assert predict(unchunked, 1, "h200", calibration=c).throughput.model == "prior"   # outside the measured family
 
 
 # ---------------------------------------------------------------------------------------------

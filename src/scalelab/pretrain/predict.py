@@ -358,12 +358,14 @@ def estimate_loss(cfg: PretrainConfig, tokens: int, law: ScalingLaw) -> LossEsti
 
 
 def recipe_family(cfg: PretrainConfig) -> str:
-    """Runs whose kernels share one calibrated u: 'bf16' (no FP8), 'fp8-row' (FP8 blocks or all with per-row
-    scales, the weight gradient in bf16), else 'fp8-<which>-<scaling>'."""
+    """Runs whose kernels share one calibrated u: 'bf16' (no FP8); 'fp8-row' (every Linear in FP8 with per-row
+    scales and the chunked FP8 head: the measured recipe family); else 'fp8-<which>-<scaling>[-chunked]'."""
     t = cfg.train
     if t.fp8 == "none":
         return "bf16"
-    return "fp8-row" if t.fp8 in ("blocks", "all") and t.fp8_scaling == "row" else f"fp8-{t.fp8}-{t.fp8_scaling}"
+    if t.fp8 == "all" and t.fp8_scaling == "row" and t.loss_chunks:
+        return "fp8-row"
+    return f"fp8-{t.fp8}-{t.fp8_scaling}" + ("-chunked" if t.loss_chunks else "")
 
 
 def calibration_for(cfg: PretrainConfig, hw: Hardware, dtype: str,
