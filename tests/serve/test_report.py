@@ -142,6 +142,40 @@ def test_report_calibrates_on_some_rows_and_scores_the_rest(tmp_path: Path):
     assert "Model, batch-1 decode step of qwen2.5-7b" in text
 
 
+def test_docs_predict_the_unmeasured_tps_and_the_configured_batch_nobody_measured(tmp_path: Path):
+    """Measured TP 1/2 at batch 1/4/8, configured batch 32 too: the docs predict TP=4 and TP=8 at every batch, batch
+    32 on batch 8's request lengths cycled to 3 repeats of 32 x 2 waves, with the calibration the report fitted."""
+    from scalelab.serve.docs import ladder_rows
+    from scalelab.serve.report import analyze
+    m, rng = get_model("qwen2.5-7b"), np.random.default_rng(0)
+    true = ServeCalibration(hbm_eff=0.65, prefill_eff=0.5, overhead_tp1_s=0.004, allreduce_latency_s=15e-6)
+    preds, measured, lengths = [], [], {}
+    for tp in (1, 2):
+        for batch in (1, 4, 8):
+            n = 2 * batch
+            prompts, outputs = rng.integers(100, 400, 2 * n).tolist(), rng.integers(20, 40, 2 * n).tolist()
+            lengths[tp, batch] = (prompts, outputs)
+            key = RowKey("vllm", tp, batch)
+            preds.append(predict_row(m, "h200", key, prompts, outputs, SLO(), 0.9, 2.0, requests_per_run=n))
+            truth = predict_row(m, "h200", key, prompts, outputs, SLO(), 0.9, 2.0, true, requests_per_run=n)
+            measured.append(dataclasses.replace(truth, status="ok", spread={}))
+    folder = write_folder(tmp_path / "run", measured, preds)
+    (folder / "config.toml").write_text(CONFIG + "[sweep]\nbatch = [1, 4, 8, 32]\nwaves = 2\nmin_requests = 4\n")
+    a = analyze(load_sweep(folder))
+    rows = ladder_rows(a)
+    assert [(r.key.tp, r.key.batch) for r in rows] == [(t, b) for b in (1, 4, 8, 32) for t in (4, 8)]
+    prompts, outputs = lengths[1, 8]
+    cycled = [(prompts * 12)[:192], (outputs * 12)[:192]]            # 3 repeats x 64 requests from 16 lengths
+    want = predict_row(m, "h200", RowKey("vllm", 4, 32), *cycled, SLO(), 0.9, 2.0, a.calibrated.calibration,
+                       requests_per_run=64)
+    got = next(r for r in rows if (r.key.tp, r.key.batch) == (4, 32))
+    assert got.status == want.status == "predicted" and got.figures == want.figures
+    batch8 = next(r for r in rows if (r.key.tp, r.key.batch) == (4, 8))
+    assert got.figures.throughput_tok_s > batch8.figures.throughput_tok_s          # more in flight, more tokens/s
+    text = render_docs([folder], tmp_path / "serve.md").read_text()
+    assert "- `run` batch 32: in the sweep's config, measured at no TP" in text and "| vllm TP=4 batch=32 |" in text
+
+
 def test_predictions_added_after_the_measurement_are_scored_apart(tmp_path: Path):
     late = predicted(1, 8, figures(1000, 60, 150, 11, 30, 1.0, 0.5))
     late = dataclasses.replace(late, provenance={**late.provenance, "added_after_measurement": True,

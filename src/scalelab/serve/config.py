@@ -149,6 +149,10 @@ class SweepSection:
                        ge=1)
     min_requests: int = param(8, "lower bound on requests per repeat (small batches)", ge=1)
 
+    def closed_loop_requests(self, batch: int) -> int:
+        """Measured requests per repeat of a closed loop with `batch` in flight."""
+        return self.requests_per_repeat or max(batch * self.waves, self.min_requests)
+
     def validate(self) -> None:
         for name in ("tp", "batch"):
             for i, v in enumerate(getattr(self, name)):

@@ -2,11 +2,15 @@
 number is read from a folder or computed from one by the same analysis as its REPORT.md (serve.report.analyze)."""
 from __future__ import annotations
 
+import itertools
 import shlex
+from dataclasses import fields
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from scalelab.serve.calibrate import RowWorkload
 from scalelab.serve.compare import COLUMNS, Comparison, comparisons, cost_sentence, figure_score, fmt, score
+from scalelab.serve.config import SweepSection
 from scalelab.serve.explain import (
     TP_LADDER, slo_explanation, tp_ratio_sentences, tp_scaling_explanation, wont_fit_sentences,
 )
@@ -157,21 +161,41 @@ def _misses_md(analyses: Sequence[Analysis]) -> list[str]:
 
 
 def ladder_rows(a: Analysis) -> list[Row]:
-    """The calibrated model at the TPs of TP_LADDER that were not measured, on each measured batch's requests."""
+    """The calibrated model at the TPs of TP_LADDER that were not measured, for each batch measured at the lowest
+    TP on that row's requests, and for each batch the config lists (sweep.batch) but nobody measured on the largest
+    measured batch's request lengths, cycled to the sweep's protocol for that batch (its requests per repeat)."""
     mi, cal = model_inputs(a.data.predicted, a.data.measured), a.calibrated.calibration
     if mi is None or cal is None:
         return []
     ok = [r for r in a.data.measured if r.status == "ok" and not open_loop(r) and r.key.label in mi.workloads]
-    measured_tps = {r.key.tp for r in ok}
+    if not ok:
+        return []
+    measured_tps, lowest = {r.key.tp for r in ok}, min(r.key.tp for r in ok)
     out = []
-    for r in sorted(ok, key=lambda r: (r.key.batch, r.key.tp)):
-        if r.key.tp != min(measured_tps):
-            continue
-        w = mi.workloads[r.key.label]
-        for tp in (t for t in TP_LADDER if t not in measured_tps and t > min(measured_tps)):
-            out.append(predict_row(mi.model, mi.hardware, RowKey(r.key.engine, tp, r.key.batch), w.prompt_tokens,
+    for key, w in _ladder_workloads(a, [r for r in ok if r.key.tp == lowest], mi.workloads):
+        for tp in (t for t in TP_LADDER if t not in measured_tps and t > lowest):
+            out.append(predict_row(mi.model, mi.hardware, RowKey(key.engine, tp, key.batch), w.prompt_tokens,
                                    w.output_tokens, mi.slo, mi.mem_util, mi.usd_per_gpu_hour, cal,
                                    requests_per_run=w.requests_per_run))
+    return out
+
+
+def _ladder_workloads(a: Analysis, base: Sequence[Row], workloads: Mapping[str, RowWorkload]
+                      ) -> list[tuple[RowKey, RowWorkload]]:
+    """(engine and batch, requests) for the ladder: each measured row's own; each configured but unmeasured batch
+    larger than the measured ones, the largest measured batch's lengths cycled to repeats x requests per repeat."""
+    settings = a.data.config.get("sweep", {})
+    sweep = SweepSection(**{f.name: settings[f.name] for f in fields(SweepSection) if f.name in settings})
+    out = [(r.key, workloads[r.key.label]) for r in sorted(base, key=lambda r: (r.key.batch, r.key.engine))]
+    for engine in sorted({r.key.engine for r in base}):
+        top = max((r for r in base if r.key.engine == engine), key=lambda r: r.key.batch)
+        w = workloads[top.key.label]
+        for batch in sorted(b for b in set(sweep.batch) if b > top.key.batch):
+            per_run = sweep.closed_loop_requests(batch)
+            n = sweep.repeats * per_run
+            prompts, outputs = (tuple(itertools.islice(itertools.cycle(t), n)) for t in (w.prompt_tokens,
+                                                                                       w.output_tokens))
+            out.append((RowKey(engine, 0, batch), RowWorkload(prompts, outputs, per_run)))
     return out
 
 
@@ -182,6 +206,11 @@ def _ladder_md(a: Analysis) -> list[str]:
              {r.key.tp: r for r in rows if r.status != "predicted"}.values()]
     if not fits:
         return lines
+    measured = {r.key.batch for r in a.data.measured if r.status == "ok" and not open_loop(r)}
+    extra = sorted({r.key.batch for r in fits} - measured)
+    if extra:
+        lines.append(f"- `{a.data.run_dir.name}` batch {', '.join(map(str, extra))}: in the sweep's config, measured "
+                     "at no TP; predicted on the largest measured batch's request lengths, in the sweep's protocol")
     return lines + ["", f"Calibrated-model predictions for `{a.data.run_dir.name}` (not measurements):", "",
                     "| Config | Throughput (tok/s) | p50 ITL (ms) | p99 TTFT (ms) | GPU-hours per 1M |",
                     "|---|---|---|---|---|"] + [

@@ -91,10 +91,8 @@ def plan_points(cfg: ServeConfig) -> list[Point]:
 
 def requests_per_repeat(cfg: ServeConfig, point: Point) -> int:
     s = cfg.sweep
-    if s.requests_per_repeat:
-        return s.requests_per_repeat
-    if point.rate_rps is None:
-        return max(point.key.batch * s.waves, s.min_requests)
+    if s.requests_per_repeat or point.rate_rps is None:
+        return s.closed_loop_requests(point.key.batch)
     return max(s.min_requests, math.ceil(point.rate_rps * s.rate_window_s))
 
 
