@@ -201,7 +201,9 @@ def calibrated_throughput(cfg: PretrainConfig, hw: Hardware, world: int, c: cal.
     tps = cal.tokens_per_s(workload(cfg, world), t)
     lo, hi = cal.interval(tps, c.tokens_per_s_rel)
     mfu = lambda r: r * fpt / (hw.bf16_flops * world)  # noqa: E731  implied MFU (PaLM app. B)
-    why = (f"calibrated ({c.source}; fitted on {', '.join(c.fitted_on)}): u={t.mfu_matmul:.3f} of peak on the "
+    fitted = (", ".join(c.fitted_on) if len(c.fitted_on) <= 3
+              else f"{len(c.fitted_on)} runs, {c.fitted_on[0]} to {c.fitted_on[-1]}")
+    why = (f"calibrated ({c.source}; fitted on {fitted}): u={t.mfu_matmul:.3f} of peak on the "
            f"executed FLOPs, {t.bytes_per_logit:g} B/logit of loss traffic at {t.hbm_bytes_per_s / 1e12:.2f} TB/s, "
            f"{1000 * t.step_overhead_s:.2f} ms per optimizer step; interval +-{c.tokens_per_s_rel:.1%} = largest "
            f"held-out error" + (f"; {c.note}" if c.note else ""))
