@@ -161,9 +161,9 @@ def _misses_md(analyses: Sequence[Analysis]) -> list[str]:
 
 
 def ladder_rows(a: Analysis) -> list[Row]:
-    """The calibrated model at the TPs of TP_LADDER that were not measured, for each batch measured at the lowest
-    TP on that row's requests, and for each batch the config lists (sweep.batch) but nobody measured on the largest
-    measured batch's request lengths, cycled to the sweep's protocol for that batch (its requests per repeat)."""
+    """The calibrated model at the TPs of TP_LADDER that were not measured: for each batch measured at the lowest
+    TP, on that row's requests; for each larger batch the config lists (sweep.batch), on the largest measured
+    batch's request lengths, cycled to the sweep's protocol for that batch (its requests per repeat)."""
     mi, cal = model_inputs(a.data.predicted, a.data.measured), a.calibrated.calibration
     if mi is None or cal is None:
         return []
@@ -182,8 +182,8 @@ def ladder_rows(a: Analysis) -> list[Row]:
 
 def _ladder_workloads(a: Analysis, base: Sequence[Row], workloads: Mapping[str, RowWorkload]
                       ) -> list[tuple[RowKey, RowWorkload]]:
-    """(engine and batch, requests) for the ladder: each measured row's own; each configured but unmeasured batch
-    larger than the measured ones, the largest measured batch's lengths cycled to repeats x requests per repeat."""
+    """(engine and batch, requests) for the ladder: each base row's own; each configured batch larger than the
+    base's largest, that row's lengths cycled to repeats x requests per repeat."""
     settings = a.data.config.get("sweep", {})
     sweep = SweepSection(**{f.name: settings[f.name] for f in fields(SweepSection) if f.name in settings})
     out = [(r.key, workloads[r.key.label]) for r in sorted(base, key=lambda r: (r.key.batch, r.key.engine))]
@@ -193,9 +193,8 @@ def _ladder_workloads(a: Analysis, base: Sequence[Row], workloads: Mapping[str, 
         for batch in sorted(b for b in set(sweep.batch) if b > top.key.batch):
             per_run = sweep.closed_loop_requests(batch)
             n = sweep.repeats * per_run
-            prompts, outputs = (tuple(itertools.islice(itertools.cycle(t), n)) for t in (w.prompt_tokens,
-                                                                                       w.output_tokens))
-            out.append((RowKey(engine, 0, batch), RowWorkload(prompts, outputs, per_run)))
+            cycled = [tuple(itertools.islice(itertools.cycle(t), n)) for t in (w.prompt_tokens, w.output_tokens)]
+            out.append((RowKey(engine, 0, batch), RowWorkload(*cycled, per_run)))
     return out
 
 
