@@ -20,6 +20,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Iterator
 
 from scalelab.core.hardware import get_hardware
 from scalelab.core.jsonio import read_json, write_json
@@ -294,19 +295,26 @@ def time_to_target(predictions: list[dict], ddp_efficiency: float) -> list[dict]
 # save and print
 
 
-def recipe_rows(family: str, repo: Path) -> list[cal.Row]:
-    """Every variant run of SCORED_ROUNDS in the family, 'fit' in RECIPE_FIT_ROUNDS[family], else 'held-out'."""
-    rows = []
+def recorded_variants(repo: Path) -> Iterator[tuple[str, str, str, dict]]:
+    """(results file, call, variant, record) of every variant run of SCORED_ROUNDS that records its settings."""
     for path in SCORED_ROUNDS:
         for call, record in read_json(repo / path)["calls"].items():
             for name, r in record["variants"].items():
-                cfg = config(tuple(r["sets"].split()), repo) if r.get("sets") else None
-                if cfg is not None and recipe_family(cfg) == family:
-                    key = f"{Path(path).stem}.{call}.{name}"
-                    role = "stale" if key in RECIPE_STALE else "fit" if path in RECIPE_FIT_ROUNDS[family] else "held-out"
-                    rows.append(cal.Row(key=key, label=RECIPE_STALE.get(key, name), role=role,
-                                        source=f"{path} calls.{call}.variants.{name}", workload=workload(cfg, 1),
-                                        tokens_per_s=float(r["tokens_per_s"]), peak_memory_gib=None))
+                if r.get("sets"):
+                    yield path, call, name, r
+
+
+def recipe_rows(family: str, repo: Path) -> list[cal.Row]:
+    """Every recorded variant run in the family, 'fit' in RECIPE_FIT_ROUNDS[family], else 'held-out'."""
+    rows = []
+    for path, call, name, r in recorded_variants(repo):
+        cfg = config(tuple(r["sets"].split()), repo)
+        if recipe_family(cfg) == family:
+            key = f"{Path(path).stem}.{call}.{name}"
+            role = "stale" if key in RECIPE_STALE else "fit" if path in RECIPE_FIT_ROUNDS[family] else "held-out"
+            rows.append(cal.Row(key=key, label=RECIPE_STALE.get(key, name), role=role,
+                                source=f"{path} calls.{call}.variants.{name}", workload=workload(cfg, 1),
+                                tokens_per_s=float(r["tokens_per_s"]), peak_memory_gib=None))
     return rows
 
 
@@ -325,12 +333,8 @@ def recipe_fits(c: cal.Calibration, repo: Path) -> tuple[cal.Calibration, dict]:
 
 def variant_scores(c: cal.Calibration, repo: Path) -> dict:
     """Every variant run of SCORED_ROUNDS that records its settings, against predict's interval for its config."""
-    rows = []
-    for path in SCORED_ROUNDS:
-        for call, record in read_json(repo / path)["calls"].items():
-            for name, r in record["variants"].items():
-                if r.get("sets"):
-                    rows.append(_variant_row(f"{path} calls.{call}.variants.{name}", r, c, repo))
+    rows = [_variant_row(f"{path} calls.{call}.variants.{name}", r, c, repo)
+            for path, call, name, r in recorded_variants(repo)]
     inside = {k: sum(r[k]["inside"] for r in rows) for k in ("tokens_per_s", "peak_memory_gib")}
     return {"rows": rows, "summary": {"runs": len(rows), **{f"{k}_inside": v for k, v in inside.items()},
                                       **{f"{k}_calibrated": sum(r[k]["model"] == "calibrated" for r in rows)

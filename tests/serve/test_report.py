@@ -119,22 +119,29 @@ def test_docs_from_a_folder(hand_made: Path, tmp_path: Path):
         render_docs([], tmp_path / "x.md")
 
 
-def test_report_calibrates_on_some_rows_and_scores_the_rest(tmp_path: Path):
-    """Predictions from the model's priors, 'measurements' from the model with other constants: the report
-    fits the constants on default_fit_labels and the held-out rows come back within +-20%."""
+def model_made(folder: Path) -> tuple[Path, dict]:
+    """A sweep folder at TP 1/2 x batch 1/4/8 (qwen2.5-7b, 2 x batch requests per run): predictions from the model's
+    priors, 'measurements' from the model with other constants; and each row's (prompt, output) lengths."""
     m = get_model("qwen2.5-7b")
     rng = np.random.default_rng(0)
     true = ServeCalibration(hbm_eff=0.65, prefill_eff=0.5, overhead_tp1_s=0.004, allreduce_latency_s=15e-6)
-    preds, measured = [], []
+    preds, measured, lengths = [], [], {}
     for tp in (1, 2):
         for batch in (1, 4, 8):
             n = 2 * batch
             prompts, outputs = rng.integers(100, 400, 2 * n).tolist(), rng.integers(20, 40, 2 * n).tolist()
+            lengths[tp, batch] = (prompts, outputs)
             key = RowKey("vllm", tp, batch)
             preds.append(predict_row(m, "h200", key, prompts, outputs, SLO(), 0.9, 2.0, requests_per_run=n))
             truth = predict_row(m, "h200", key, prompts, outputs, SLO(), 0.9, 2.0, true, requests_per_run=n)
             measured.append(dataclasses.replace(truth, status="ok", spread={}))
-    folder = write_folder(tmp_path / "run", measured, preds)
+    return write_folder(folder, measured, preds), lengths
+
+
+def test_report_calibrates_on_some_rows_and_scores_the_rest(tmp_path: Path):
+    """Predictions from the model's priors, 'measurements' from the model with other constants: the report
+    fits the constants on default_fit_labels and the held-out rows come back within +-20%."""
+    folder, _ = model_made(tmp_path / "run")
     text = write_report(folder).read_text()
     assert "Fitted on vllm TP=1 batch=1, vllm TP=1 batch=8, vllm TP=2 batch=1; 3 measured vllm row(s) held out" in text
     assert "held-out rows: 18 of 18 figures within ±20%" in text
@@ -147,27 +154,15 @@ def test_docs_predict_the_unmeasured_tps_and_the_configured_batch_nobody_measure
     32 on batch 8's request lengths cycled to 3 repeats of 32 x 2 waves, with the calibration the report fitted."""
     from scalelab.serve.docs import ladder_rows
     from scalelab.serve.report import analyze
-    m, rng = get_model("qwen2.5-7b"), np.random.default_rng(0)
-    true = ServeCalibration(hbm_eff=0.65, prefill_eff=0.5, overhead_tp1_s=0.004, allreduce_latency_s=15e-6)
-    preds, measured, lengths = [], [], {}
-    for tp in (1, 2):
-        for batch in (1, 4, 8):
-            n = 2 * batch
-            prompts, outputs = rng.integers(100, 400, 2 * n).tolist(), rng.integers(20, 40, 2 * n).tolist()
-            lengths[tp, batch] = (prompts, outputs)
-            key = RowKey("vllm", tp, batch)
-            preds.append(predict_row(m, "h200", key, prompts, outputs, SLO(), 0.9, 2.0, requests_per_run=n))
-            truth = predict_row(m, "h200", key, prompts, outputs, SLO(), 0.9, 2.0, true, requests_per_run=n)
-            measured.append(dataclasses.replace(truth, status="ok", spread={}))
-    folder = write_folder(tmp_path / "run", measured, preds)
+    folder, lengths = model_made(tmp_path / "run")
     (folder / "config.toml").write_text(CONFIG + "[sweep]\nbatch = [1, 4, 8, 32]\nwaves = 2\nmin_requests = 4\n")
     a = analyze(load_sweep(folder))
     rows = ladder_rows(a)
     assert [(r.key.tp, r.key.batch) for r in rows] == [(t, b) for b in (1, 4, 8, 32) for t in (4, 8)]
     prompts, outputs = lengths[1, 8]
     cycled = [(prompts * 12)[:192], (outputs * 12)[:192]]            # 3 repeats x 64 requests from 16 lengths
-    want = predict_row(m, "h200", RowKey("vllm", 4, 32), *cycled, SLO(), 0.9, 2.0, a.calibrated.calibration,
-                       requests_per_run=64)
+    want = predict_row(get_model("qwen2.5-7b"), "h200", RowKey("vllm", 4, 32), *cycled, SLO(), 0.9, 2.0,
+                       a.calibrated.calibration, requests_per_run=64)
     got = next(r for r in rows if (r.key.tp, r.key.batch) == (4, 32))
     assert got.status == want.status == "predicted" and got.figures == want.figures
     batch8 = next(r for r in rows if (r.key.tp, r.key.batch) == (4, 8))

@@ -169,6 +169,14 @@ def interval(value: float, rel: float) -> tuple[float, float]:
 # fitting
 
 
+def _linear_terms(r: Row, t: ThroughputFit) -> tuple[float, float]:
+    """(k·b·F_exec/peak, step_s - k·b·q·s·V/HBM) of a measured row at t's loss term: the step time, less the
+    loss, is the first term times 1/u plus t_step."""
+    w, tokens = r.workload, r.workload.micro_steps * r.workload.tokens_per_micro
+    compute_at_peak_s = tokens * seconds_per_token(w, replace(t, mfu_matmul=1.0, bytes_per_logit=0.0))
+    return compute_at_peak_s, w.world * tokens / r.tokens_per_s - tokens * loss_seconds_per_token(w, t)
+
+
 def fit_throughput(rows: Sequence[Row], hw: Hardware, bytes_per_logit: float = BYTES_PER_LOGIT,
                    attention_executed_fraction: float = ATTENTION_EXECUTED_FRACTION) -> ThroughputFit:
     """Least squares for (1/u, t_step), which enter the measured step time linearly:
@@ -176,13 +184,8 @@ def fit_throughput(rows: Sequence[Row], hw: Hardware, bytes_per_logit: float = B
     if len(rows) < 2:
         raise ValueError(f"fit_throughput: {len(rows)} rows; need >= 2 (two constants)")
     probe = ThroughputFit(1.0, 0.0, bytes_per_logit, attention_executed_fraction, hw.bf16_flops, hw.hbm_bytes_s)
-    design, target = [], []
-    for r in rows:
-        w, tokens = r.workload, r.workload.micro_steps * r.workload.tokens_per_micro
-        loss_s = tokens * loss_seconds_per_token(w, probe)
-        compute_at_peak_s = tokens * seconds_per_token(w, replace(probe, bytes_per_logit=0.0))
-        design.append([compute_at_peak_s, 1.0])
-        target.append(w.world * tokens / r.tokens_per_s - loss_s)
+    terms = [_linear_terms(r, probe) for r in rows]
+    design, target = [[x, 1.0] for x, _ in terms], [y for _, y in terms]
     (inv_u, overhead), *_ = np.linalg.lstsq(np.array(design), np.array(target), rcond=None)
     return replace(probe, mfu_matmul=float(1.0 / inv_u), step_overhead_s=float(overhead))
 
@@ -192,12 +195,8 @@ def fit_recipe_mfu(rows: Sequence[Row], base: ThroughputFit) -> float:
     step_s - k·b·q·s·V/HBM - t_step = [k·b·F_exec/peak] · (1/u)."""
     if not rows:
         raise ValueError("fit_recipe_mfu: no rows")
-    x, y = [], []
-    for r in rows:
-        w, tokens = r.workload, r.workload.micro_steps * r.workload.tokens_per_micro
-        x.append(tokens * seconds_per_token(w, replace(base, mfu_matmul=1.0, bytes_per_logit=0.0)))
-        y.append(w.world * tokens / r.tokens_per_s - tokens * loss_seconds_per_token(w, base) - base.step_overhead_s)
-    return float(np.dot(x, x) / np.dot(x, y))
+    x, y = np.array([_linear_terms(r, base) for r in rows]).T
+    return float(np.dot(x, x) / np.dot(x, y - base.step_overhead_s))
 
 
 def calibrate_recipe(rows: Sequence[Row], c: Calibration, family: str) -> tuple[RecipeFit, list[RowScore]]:

@@ -163,17 +163,17 @@ def _reading7(v7: dict) -> list[str]:
     lv, bf = v7["loader_vs_forecast"], v7["bf16res_vs_forecast"]
     idle = list(lv["idle_by_batch_copies_ms"].values())
     saved = sorted(bf["measured_saving_ms"].values())
-    runs = [r for c in v7["calls"].values() for n, r in c["variants"].items()]
-    plains = [r["tokens_per_s"] for c in v7["calls"].values() for n, r in c["variants"].items() if n == "plain"]
-    recipe = [r["tokens_per_s"] for r in runs if r.get("sets", "").endswith("train.fp8_gelu_kernel=true")]
+    runs = [(n, r) for c in v7["calls"].values() for n, r in c["variants"].items()]
+    plains = [r["tokens_per_s"] for n, r in runs if n == "plain"]
+    recipe = [r["tokens_per_s"] for _, r in runs if r.get("sets", "").endswith("train.fp8_gelu_kernel=true")]
     mem = bf["peak_memory_gib"]
     return [f"Round 7: a pinned one-ahead batch loader (`train.batch_prefetch`) cut the idle time around batch "
             f"copies from {idle[0]:.1f} to {idle[1]:.2f} ms/step but the step by "
             f"{lv['measured_saving_ms']['recipe']:.1f} ms (forecast {lv['forecast_saving_ms'][0]:.1f}–"
             f"{lv['forecast_saving_ms'][1]:.1f}). A bf16 residual stream (`train.residual_dtype=\"compute\"`, as "
             f"llm.c), forecast from the LayerNorm kernels' bytes at {bf['forecast_saving_ms'][0]:.1f}–"
-            f"{bf['forecast_saving_ms'][1]:.1f} ms/step, saved {saved[0]:.0f}–{saved[1]:.0f} on one machine; the peak "
-            f"fell {mem['without (call 5)'] - mem['measured']:.2f} GiB, not to the forecast "
+            f"{bf['forecast_saving_ms'][1]:.1f} ms/step, saved {saved[0]:.0f}–{saved[1]:.0f} on one machine; the "
+            f"peak fell {mem['without (call 5)'] - mem['measured']:.2f} GiB, not to the forecast "
             f"{mem['forecast'][0]:.0f}–{mem['forecast'][1]:.0f}. Across three H200s plain ran "
             f"{thousands(min(plains))}–{thousands(max(plains))}, the recipe without it "
             f"{thousands(min(recipe))}–{thousands(max(recipe))}.", ""]

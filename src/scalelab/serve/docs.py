@@ -23,6 +23,11 @@ from scalelab.serve.sweepdata import SweepData, engine_versions, gpus_phrase, lo
 KNOWN_ENGINES = ("vllm", "sglang")
 
 
+def measured_closed(a: Analysis) -> list[Row]:
+    """The closed-loop rows of a sweep that were measured (status ok)."""
+    return [r for r in a.data.measured if r.status == "ok" and not open_loop(r)]
+
+
 def _workload_phrase(data: SweepData) -> str:
     w = next((r.provenance["workload"] for r in data.predicted if "workload" in r.provenance), None)
     if not w:
@@ -123,7 +128,7 @@ def _cost_md(analyses: Sequence[Analysis]) -> list[str]:
     lines = ["## $ per 1M output tokens vs a rented API", ""]
     for a in analyses:
         st = a.settings
-        hours = [r.figures.gpu_hours_per_1m for r in a.data.measured if r.status == "ok" and not open_loop(r)]
+        hours = [r.figures.gpu_hours_per_1m for r in measured_closed(a)]
         spread = f" The dearest measured row costs {max(hours) / min(hours):.0f}x the cheapest." if hours else ""
         lines.append(f"- `{a.data.run_dir.name}`: " + cost_sentence(a.data.measured, st.usd_per_gpu_hour,
                                                                      st.api_prices, "measured") + spread)
@@ -167,7 +172,7 @@ def ladder_rows(a: Analysis) -> list[Row]:
     mi, cal = model_inputs(a.data.predicted, a.data.measured), a.calibrated.calibration
     if mi is None or cal is None:
         return []
-    ok = [r for r in a.data.measured if r.status == "ok" and not open_loop(r) and r.key.label in mi.workloads]
+    ok = [r for r in measured_closed(a) if r.key.label in mi.workloads]
     if not ok:
         return []
     measured_tps, lowest = {r.key.tp for r in ok}, min(r.key.tp for r in ok)
@@ -205,7 +210,7 @@ def _ladder_md(a: Analysis) -> list[str]:
              {r.key.tp: r for r in rows if r.status != "predicted"}.values()]
     if not fits:
         return lines
-    measured = {r.key.batch for r in a.data.measured if r.status == "ok" and not open_loop(r)}
+    measured = {r.key.batch for r in measured_closed(a)}
     extra = sorted({r.key.batch for r in fits} - measured)
     if extra:
         lines.append(f"- `{a.data.run_dir.name}` batch {', '.join(map(str, extra))}: in the sweep's config, measured "
@@ -218,7 +223,7 @@ def _ladder_md(a: Analysis) -> list[str]:
 
 
 def _not_measured_md(analyses: Sequence[Analysis]) -> list[str]:
-    ok = [r for a in analyses for r in a.data.measured if r.status == "ok" and not open_loop(r)]
+    ok = [r for a in analyses for r in measured_closed(a)]
     lines = ["## What was not measured", ""]
     missing = [tp for tp in TP_LADDER if tp not in {r.key.tp for r in ok}]
     if missing:
