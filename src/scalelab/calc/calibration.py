@@ -34,11 +34,10 @@ class CollectiveFit:
         return self.alpha_s + bus_factor(self.collective, self.n_ranks) * size_bytes / self.busbw_bytes_s
 
 
-def fit_alpha_beta(collective: str, n_ranks: int, sizes: list[float], times_s: list[float],
-                   source: str = "") -> CollectiveFit:
-    if len(sizes) < 2 or len(sizes) != len(times_s):
-        raise ValueError(f"{collective}: need >= 2 (size, time) points to fit, got {len(sizes)}")
-    xs = [bus_factor(collective, n_ranks) * s for s in sizes]
+def fit_line(xs: list[float], times_s: list[float]) -> tuple[float, float]:
+    """(alpha, beta) of t = alpha + beta·x by least squares in relative error (weights 1/t²)."""
+    if len(xs) < 2 or len(xs) != len(times_s):
+        raise ValueError(f"need >= 2 (size, time) points to fit, got {len(xs)}")
     ws = [1.0 / t ** 2 for t in times_s]
     sw = sum(ws)
     swx = sum(w * x for w, x in zip(ws, xs))
@@ -53,6 +52,14 @@ def fit_alpha_beta(collective: str, n_ranks: int, sizes: list[float], times_s: l
     if beta <= 0:   # flat: latency-bound at every size; take bandwidth from the largest message
         i = max(range(len(xs)), key=lambda j: xs[j])
         beta = max(times_s[i] - alpha, 1e-12) / xs[i]
+    return alpha, beta
+
+
+def fit_alpha_beta(collective: str, n_ranks: int, sizes: list[float], times_s: list[float],
+                   source: str = "") -> CollectiveFit:
+    if len(sizes) < 2 or len(sizes) != len(times_s):
+        raise ValueError(f"{collective}: need >= 2 (size, time) points to fit, got {len(sizes)}")
+    alpha, beta = fit_line([bus_factor(collective, n_ranks) * s for s in sizes], times_s)
     fit = CollectiveFit(collective, n_ranks, alpha, 1.0 / beta, 0.0, len(sizes), source)
     err = max(abs(fit.predict_s(s) - t) / t for s, t in zip(sizes, times_s))
     return CollectiveFit(collective, n_ranks, alpha, 1.0 / beta, err, len(sizes), source)
