@@ -297,13 +297,20 @@ def test_fineweb_edu_hub_call(monkeypatch):
         return iter([{"text": "streamed doc"}])
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("huggingface_hub.HfApi", FakeHubApi)
     source = HubSource(SourceSpec("fineweb-edu", hub_revision="v1.2.0"))
     assert _texts(source) == ["streamed doc"]
     assert calls == [("HuggingFaceFW/fineweb-edu",
                       {"name": "sample-10BT", "split": "train", "streaming": True, "revision": "v1.2.0"})]
     assert source.describe() == {"name": "fineweb-edu", "hub_id": "HuggingFaceFW/fineweb-edu",
-                                 "hub_name": "sample-10BT", "revision": "v1.2.0", "split": "train",
-                                 "options": {"field": "text"}}
+                                 "hub_name": "sample-10BT", "revision": "v1.2.0", "commit": "c0ffee-v1.2.0",
+                                 "split": "train", "options": {"field": "text"}}
+
+
+class FakeHubApi:
+    """huggingface_hub.HfApi's dataset_info, answering one commit per revision."""
+    def dataset_info(self, repo_id, revision=None):
+        return type("Info", (), {"sha": f"c0ffee-{revision}"})()
 
 
 def test_fineweb_edu_without_datasets_says_how_to_install(monkeypatch):
@@ -337,8 +344,10 @@ def test_fineweb_val_file_local_or_hub(tmp_path, monkeypatch):
     assert path == tmp_path / "v.bin" and described == {"name": "fineweb-val", "path": str(tmp_path / "v.bin")}
     calls = []
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda **kw: calls.append(kw) or "/cache/v.bin")
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeHubApi)
     path, described = fineweb_val_file("", "abc123")
     assert str(path) == "/cache/v.bin"
     assert calls == [{"repo_id": "kjj0/fineweb10B-gpt2", "filename": "fineweb_val_000000.bin",
                       "repo_type": "dataset", "revision": "abc123"}]
     assert described["hub_id"] == "kjj0/fineweb10B-gpt2" and described["revision"] == "abc123"
+    assert described["commit"] == "c0ffee-abc123"

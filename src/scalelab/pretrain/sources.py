@@ -359,7 +359,21 @@ class HubSource:
             return local_describe("fineweb-edu", self.spec.path, input_files(self.spec.path, "*.parquet"),
                                   {"field": self.spec.field})
         return {"name": "fineweb-edu", "hub_id": self.spec.hub_id, "hub_name": self.spec.hub_name,
-                "revision": self.spec.hub_revision, "split": "train", "options": {"field": self.spec.field}}
+                "revision": self.spec.hub_revision, "commit": hub_commit(self.spec.hub_id, self.spec.hub_revision),
+                "split": "train", "options": {"field": self.spec.field}}
+
+
+def hub_commit(repo_id: str, revision: str) -> str:
+    """The commit sha a dataset revision (branch, tag or sha) names now, recorded in the manifest so a run
+    prepared from a moving branch such as "main" can be pinned afterwards."""
+    try:
+        from huggingface_hub import HfApi
+    except ImportError:
+        raise SourceError(f"reading {repo_id} from the hub needs huggingface_hub: {HUB_HINT}") from None
+    try:
+        return str(HfApi().dataset_info(repo_id, revision=revision or None).sha)
+    except Exception as e:      # any hub failure (offline, unknown revision) names the dataset and revision
+        raise SourceError(f"{repo_id}@{revision or 'main'}: cannot resolve the revision on the hub: {e}") from None
 
 
 SOURCES: dict[str, Callable[[SourceSpec], Source]] = {
@@ -450,7 +464,7 @@ def fineweb_val_file(path: str, revision: str) -> tuple[Path, dict[str, Any]]:
     local = hf_hub_download(repo_id=FINEWEB_VAL_REPO, filename=FINEWEB_VAL_FILE, repo_type="dataset",
                             revision=revision or None)
     return Path(local), {"name": "fineweb-val", "hub_id": FINEWEB_VAL_REPO, "file": FINEWEB_VAL_FILE,
-                         "revision": revision}
+                         "revision": revision, "commit": hub_commit(FINEWEB_VAL_REPO, revision)}
 
 
 def pretokenized_tokens(path: Path, max_tokens: int, vocab_size: int) -> np.ndarray:
