@@ -8,7 +8,7 @@ import pytest
 from scalelab.dpo.evidence import (FAIL, NOT_MEASURED, PASS, CriterionResult, EvidenceBar, LengthStats,
                                    PairedDifference, RunMetrics, compare_paired_binary, length_ratio,
                                    length_stats, mcnemar_exact_p, paired_bootstrap, paired_length_ratios,
-                                   render_evidence_table, verdict, verdict_text)
+                                   render_evidence_table, verdict, verdict_text, wilson_interval)
 
 # ---------------------------------------------------------------------------------------------
 # lengths
@@ -158,6 +158,31 @@ def test_mmlu_edge_survives_float_rounding():
     for base, tuned in [(64.1, 62.1), (64.4, 62.4)]:
         m = RunMetrics(mmlu_base_points=base, mmlu_tuned_points=tuned)
         assert _by_name(EvidenceBar().evaluate(m))["MMLU drop <= 2 pts"].passed is True
+
+
+def test_wilson_interval_by_hand():
+    # p = 0.5, n = 100: centre 0.5, half = 1.96 * sqrt(0.0025 + 1.96^2 / 40000) / (1 + 1.96^2 / 100) = 0.0962
+    low, high = wilson_interval(0.5, 100)
+    assert (low, high) == (pytest.approx(0.4038, abs=1e-4), pytest.approx(0.5962, abs=1e-4))
+    assert wilson_interval(0.0, 10)[0] == pytest.approx(0.0, abs=1e-12) and wilson_interval(0.0, 10)[1] > 0.2
+
+
+@pytest.mark.parametrize("base,n,status", [(24.8, 14042, NOT_MEASURED),   # SmolLM2-135M: at chance
+                                           (26.0, 500, NOT_MEASURED),     # above 25, but the CI reaches it
+                                           (26.5, 14042, PASS),           # CI low 25.8 > 25
+                                           (45.0, 2000, PASS)])
+def test_mmlu_at_chance_cannot_pass(base, n, status):
+    m = RunMetrics(mmlu_base_points=base, mmlu_tuned_points=base - 0.5, mmlu_n=n)
+    r = _by_name(EvidenceBar().evaluate(m))["MMLU drop <= 2 pts"]
+    assert r.status == status
+    if status == NOT_MEASURED:
+        assert "a regression cannot be seen" in r.detail and verdict([r]) == NOT_MEASURED
+
+
+def test_mmlu_detail_states_the_detectable_drop():
+    m = RunMetrics(mmlu_base_points=45.0, mmlu_tuned_points=44.0, mmlu_n=2000, mmlu_delta_ci_points=(-3.1, 1.1))
+    r = _by_name(EvidenceBar().evaluate(m))["MMLU drop <= 2 pts"]
+    assert r.status == PASS and "detectable drop ~2.1 pts" in r.detail
 
 
 @pytest.mark.parametrize("mean_after,status", [(130.0, PASS), (131.0, FAIL), (80.0, PASS)])

@@ -59,7 +59,7 @@ def test_run_report_from_a_hand_made_folder(tmp_path):
     assert "| MT-Bench | judge 1-10 | - | not measured | not measured | - | - | no judge endpoint configured |" in text
     assert "| **all** | 100 | 10.0 -> 12.0 | 9 -> 10 | 20 -> 25 | 1.20x | 1% -> 5% |" in text
     assert "Ratio of means 1.20x. Per prompt (own + target tasks, n=100): median ratio 1.10" in text
-    assert "PASS (drop 1.00 pts (50.00 -> 49.00))" in text
+    assert "PASS (drop 1.00 pts (50.00 -> 49.00); detectable drop ~2.0 pts)" in text
     assert "Verdict: **PASS; not measured: MT-Bench**." in text
     for fig in ("training", "margins"):
         assert f"![{fig}](figures/{fig}.png)" in text and (run / "figures" / f"{fig}.png").stat().st_size > 1000

@@ -120,6 +120,8 @@ def run_metrics(battery: Mapping) -> RunMetrics:
         target=row_comparison(rows["target"]) if "target" in rows else None,
         mmlu_base_points=100 * mmlu["base"] if mmlu else None,
         mmlu_tuned_points=100 * mmlu["tuned"] if mmlu else None,
+        mmlu_n=int(mmlu["n"]) if mmlu and mmlu.get("n") else None,
+        mmlu_delta_ci_points=(100 * mmlu["ci_low"], 100 * mmlu["ci_high"]) if mmlu and "ci_low" in mmlu else None,
         length_before=LengthStats(**lengths["base"]) if lengths.get("base") else None,
         length_after=LengthStats(**lengths["tuned"]) if lengths.get("tuned") else None)
 

@@ -178,6 +178,14 @@ def compare_paired_binary(base_correct: Sequence[bool], tuned_correct: Sequence[
     return PairedBinaryComparison(diff=diff, tuned_only=b, base_only=c, both_correct=int((base & tuned).sum()),
                                   neither_correct=int((~base & ~tuned).sum()), mcnemar_p=mcnemar_exact_p(b, c))
 
+def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (Wilson 1927, JASA 22(158)); sound near 0 and 1."""
+    if n <= 0:
+        raise ValueError(f"wilson_interval: n must be > 0, got {n}")
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
 # ---------------------------------------------------------------------------------------------
 # the evidence bar
 
@@ -202,6 +210,8 @@ class RunMetrics:
     target: PairedDifference | PairedBinaryComparison | None = None   # higher is better
     mmlu_base_points: float | None = None      # MMLU accuracy in percentage points (0-100)
     mmlu_tuned_points: float | None = None
+    mmlu_n: int | None = None                  # questions both models answered; None = unknown (no chance check)
+    mmlu_delta_ci_points: tuple[float, float] | None = None   # paired CI of tuned - base, points
     length_before: LengthStats | None = None
     length_after: LengthStats | None = None
     not_measured: Mapping[str, str] = field(default_factory=dict)  # extra criterion -> why, e.g. MT-Bench
@@ -211,6 +221,7 @@ class RunMetrics:
 class EvidenceBar:
     target_ci_low_above: float = 0.0           # target improved: CI lower bound strictly above this
     mmlu_max_drop_points: float = 2.0
+    mmlu_chance_points: float = 25.0           # four choices: a base whose CI reaches this cannot show a drop
     max_length_ratio: float = 1.3              # mean tokens after / before
 
     def evaluate(self, m: RunMetrics) -> list[CriterionResult]:
@@ -236,6 +247,14 @@ class EvidenceBar:
             return CriterionResult(name, None, self.mmlu_max_drop_points, None, "MMLU not run on both models")
         drop = m.mmlu_base_points - m.mmlu_tuned_points
         detail = f"drop {drop:.2f} pts ({m.mmlu_base_points:.2f} -> {m.mmlu_tuned_points:.2f})"
+        if m.mmlu_delta_ci_points is not None:   # a true drop of about half the CI's width would have shown
+            detail += f"; detectable drop ~{(m.mmlu_delta_ci_points[1] - m.mmlu_delta_ci_points[0]) / 2:.1f} pts"
+        if m.mmlu_n:
+            low = 100 * wilson_interval(m.mmlu_base_points / 100, m.mmlu_n)[0]
+            if low <= self.mmlu_chance_points:
+                return CriterionResult(name, drop, self.mmlu_max_drop_points, None,
+                                       f"{detail}; base CI low {low:.1f} <= chance {self.mmlu_chance_points:g}: "
+                                       "at chance, a regression cannot be seen")
         return CriterionResult(name, drop, self.mmlu_max_drop_points,
                                drop <= self.mmlu_max_drop_points + _EDGE_TOL, detail)
 
