@@ -3,7 +3,7 @@ per-row FP8 cast of its output, one pass over each row.
 
 Compiled, the GELU + row amax + cast is a reduction that Inductor runs as two passes over 3,072-wide rows
 (48.6 ms of an 877 ms step, and 60.9 ms for the gradient side, in
-results/h200/pretrain_profile/profile_fp8row_all_chunks8_b128_tk_fast_biasgemm.json); here a program holds its
+results/h200/pretrain/variants-round4/profiles/profile_fp8row_all_chunks8_b128_tk_fast_biasgemm.json); here a program holds its
 row in registers, so h is read once and a, a8 and the row's scale are written once.
 
 On the GPU, FP8 and bf16 values come from the hardware's casts (cvt.rn.satfinite: round to nearest-even, as
@@ -23,7 +23,7 @@ from scalelab.pretrain.triton_support import INTERPRETED, require_triton, tl, tr
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0  # torch.finfo(torch.float8_e4m3fn / float8_e5m2).max
 GELU_K = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of GELU (Hendrycks & Gimpel 2016)
 # Warps per 3,072-wide row, the fastest of 4/8/16/32 timed on an H200 at 131,072 rows
-# (results/h200/pretrain_variants_round5.json, row_kernels): GELU 0.66 ms at 16 against 0.96 at 8 and 0.94 at 32;
+# (results/h200/pretrain/variants-round5/results.json, row_kernels): GELU 0.66 ms at 16 against 0.96 at 8 and 0.94 at 32;
 # its gradient, which holds two inputs per thread, 0.76 ms at 4 against 0.79 at 8.
 GELU_WARPS, GELU_GRAD_WARPS = 16, 4
 
