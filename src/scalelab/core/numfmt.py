@@ -42,7 +42,5 @@ def ms(seconds: float | None, digits: int = 1, none: str = DASH) -> str:
 
 
 def num(value: float | None, spec: str = "{:.4g}", none: str = DASH) -> str:
-    """A value through a format spec; None (nothing measured) and NaN (not computable) print as `none`."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return none
-    return spec.format(value)
+    """A value through a format spec; None (nothing measured) prints as `none`."""
+    return none if value is None else spec.format(value)
