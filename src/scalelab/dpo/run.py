@@ -144,7 +144,7 @@ def _callbacks(cfg: DpoConfig, rd: RunDir, model, tokenizer, data: PreparedData)
 
 
 def check_same_data(rd: RunDir, info: dict) -> None:
-    """Resuming on other data than the run started with is an error (DESIGN.md principle 4)."""
+    """Resuming on other data than the run started with is an error."""
     before = [e.get("sha256") for e in this_training(rd, "data", include_start_data=True)]
     if before and before[0] != info.get("sha256"):
         raise ValueError(f"{rd.path}: preference data changed since the run started (sha256 {before[0]} -> "

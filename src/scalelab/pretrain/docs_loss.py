@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-TTT = "results/h200/pretrain/ttt/results.json"
 FigureLine = Callable[[str, str], list[str]]   # (figure name, caption) -> Markdown lines
 
 
