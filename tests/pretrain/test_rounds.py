@@ -45,3 +45,9 @@ def test_round_names_and_count_come_from_the_manifest(tmp_path):
     assert "| cudnn-fp8-all-chunks8-b128-tk | C | 578k | 1.193 |" in text
     assert "Round 5's kernels" not in text and "### Where the step goes" in text   # per-tensor profiles only
     assert "(`bench/gpu_pretrain_profile.py`, round C;" in text
+
+
+def test_predict_reads_the_committed_calibration_and_ladder_from_their_run_folders():
+    from scalelab.pretrain.predict import CALIBRATION_PATH, LADDER_PATH
+    assert CALIBRATION_PATH.parent.name == "predictor-calibration" and CALIBRATION_PATH.is_file()
+    assert LADDER_PATH.parent.name == "scaling-ladder" and LADDER_PATH.is_file()

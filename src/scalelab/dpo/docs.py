@@ -19,6 +19,7 @@ from scalelab.core.rundir import RunDir
 from scalelab.core.sections import read_manifest, write_doc
 from scalelab.dpo import battery_stats as stats
 from scalelab.dpo.evidence import render_evidence_table
+from scalelab.dpo.predict import GPU_OVERHEAD
 from scalelab.dpo.report import battery_md, lengths_md, plot_training, prediction_rows
 from scalelab.dpo.runfiles import RunFiles, fmt, is_run_dir, load_run, pct, pts, table
 from scalelab.dpo.sweep_report import (
@@ -170,7 +171,6 @@ def _predicted(d: DocInputs) -> list[str]:
 def _overhead_note(p: dict) -> str:
     if "overhead_s" in p:
         return f" The step time includes {p['overhead_s']:.3f} s of per-layer dispatch overhead."
-    from scalelab.dpo.predict import GPU_OVERHEAD
     return (" These predictions predate the predictor's dispatch-overhead term (layers x passes x "
             f"{1e3 * GPU_OVERHEAD.s_per_layer_pass:.1f} ms on a GPU, {GPU_OVERHEAD.why}): a model this small spends "
             "its step launching kernels, which FLOPs at any MFU do not describe; later runs predict with it.")

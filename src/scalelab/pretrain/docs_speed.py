@@ -73,7 +73,8 @@ def _goal(doc: dict) -> str:
 
 
 def _reading4(v4: dict, forecast: dict | None, tail: bool = True, goal: bool = True) -> str:
-    """The per-row FP8 round's profiles; `tail`: then what is left, or the forecast for the next kernels (until they ran);
+    """The per-row FP8 round's profiles; `tail`: then what is left, or the forecast for the next kernels (until they
+    ran);
     `goal`: the step time the goal needs (until a later verdict states it)."""
     prof = v4["profiles"]
     head, before, after = (prof[k]["summary"] for k in ("call2_head", "call2_row", "call3_row"))
@@ -196,11 +197,13 @@ def _quality5(r: Rounds, earlier: list[float]) -> list[str]:
     shift = q["subset_shift_estimate"]["value"]
     moved = [d for n, d in v5["quality_ablation"]["final_val_diff_vs_tk"].items() if n != "tk"]
     diffs = ", ".join(f"{x:+.4f}" for x in [*earlier, q["final_val_diff_as_measured"]])
-    return [f"The fastest recipes of rounds {_fp8_rounds(r)} ended {diffs} off plain. These checks scored plain (B=64) and the "
+    return [f"The fastest recipes of rounds {_fp8_rounds(r)} ended {diffs} off plain. These checks scored plain "
+            "(B=64) and the "
             "B=128/256 recipes on different val prefixes: the trainer read val in B·T strides, now fixed "
             "(`shards.ValWindows`). A train-unigram proxy (`bench/val_subset_shift.py`) "
             f"prices the B=256 prefix at {shift:+.3f}, leaving {q['final_val_diff_estimated_same_tokens']:+.3f} for "
-            f"the recipe; at equal B the round-{r.name('row-kernels')} kernels move the loss by {min(moved):+.3f} to {max(moved):+.3f}. "
+            f"the recipe; at equal B the round-{r.name('row-kernels')} kernels move the loss by {min(moved):+.3f} to "
+            f"{max(moved):+.3f}. "
             "Quality is unproven until rerun on equal tokens.", ""]
 
 
@@ -219,7 +222,8 @@ def _quality6(r: Rounds, earlier: list[float]) -> list[str]:
             f"{r.name('row-kernels')}'s "
             f"recipe ends **{q['final_val_diff']:+.4f}** off plain (within 0.02: "
             f"{'yes' if q['within_0.02'] else 'no'})"
-            + (f"; with round {r.name('loader-bf16res')}'s bf16 residual stream, **{q7['final_val_diff']:+.4f}** (within 0.02: "
+            + (f"; with round {r.name('loader-bf16res')}'s bf16 residual stream, **{q7['final_val_diff']:+.4f}** "
+               "(within 0.02: "
                f"{'yes' if q7['within_0.02'] else 'no'})." if q7 else "."), ""]
 
 

@@ -31,10 +31,11 @@ from scalelab.pretrain.scaling_law import CHINCHILLA_PRIOR, ScalingLaw, load_sca
 from scalelab.pretrain.train_gpt import flops_per_token
 
 GIB = 2**30
-_RESULTS = Path(__file__).resolve().parents[3] / "results" / "h200"
+# the repository's committed pretrain run folders (a checkout's, not an installed package's)
+_RESULTS = Path(__file__).resolve().parents[3] / "results" / "h200" / "pretrain"
 CALIBRATION_PATH = Path(os.environ.get("SCALELAB_PRETRAIN_CALIBRATION",
-                                       _RESULTS / "pretrain_predictor_calibration.json"))
-LADDER_PATH = Path(os.environ.get("SCALELAB_SCALING_LADDER", _RESULTS / "scaling_ladder.json"))
+                                       _RESULTS / "predictor-calibration" / "results.json"))
+LADDER_PATH = Path(os.environ.get("SCALELAB_SCALING_LADDER", _RESULTS / "scaling-ladder" / "results.json"))
 AUTO = "auto"  # predict(calibration=AUTO): read CALIBRATION_PATH when it exists
 
 

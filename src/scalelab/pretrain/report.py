@@ -23,7 +23,8 @@ from scalelab.core.numfmt import num
 from scalelab.core.rundir import RunDir
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
 from scalelab.pretrain.predict import GIB, PretrainPrediction, prediction_from_dict
-from scalelab.pretrain.train_gpt import lr_at
+from scalelab.pretrain.prepare import UNIGRAM_COUNTS_FILE, unigram_cross_entropy
+from scalelab.pretrain.train_gpt import lr_at, val_windows
 
 WARMUP_STEPS = 3  # per session, as train_gpt._finish: first steps pay allocation / compile / cache warm-up
 
@@ -218,10 +219,8 @@ def unigram_baseline(cfg: PretrainConfig) -> float | None:
     """The loss to beat first: the train-unigram cross-entropy of exactly the val tokens the trainer scores
     (its first val windows), when the data folder and its counts file are at hand; else the manifest's
     figure for the whole val split; else None."""
-    from scalelab.pretrain.prepare import UNIGRAM_COUNTS_FILE, unigram_cross_entropy
     counts = Path(cfg.data.dir) / UNIGRAM_COUNTS_FILE
     if counts.is_file():
-        from scalelab.pretrain.train_gpt import val_windows
         return unigram_cross_entropy(np.load(counts), val_windows(cfg).targets())
     path = Path(cfg.data.dir) / "manifest.json"
     if not path.is_file():
