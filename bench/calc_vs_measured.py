@@ -34,8 +34,8 @@ OUT = "results/h200/calc_vs_measured.json"
 GOAL = 0.15                         # the calibration goal: predicted step within +-15% of measured
 
 NCCL = "results/h200/nccl_collectives.json"
-S1 = "results/h200/pretrain_124m_1gpu_ddp_fsdp2.json"              # session 1: whole-model compile
-S2 = "results/h200/pretrain_124m_fsdp2_mixed_precision.json"       # session 2: FSDP2 with bf16 policy
+S1 = "results/h200/pretrain/ddp-fsdp2-124m/results.json"              # session 1: whole-model compile
+S2 = "results/h200/pretrain/fsdp2-mixed-precision-124m/results.json"       # session 2: FSDP2 with bf16 policy
 TPF = "results/h200/tp_forward_qwen7b.json"
 PRETRAIN = "configs/pretrain/gpt2-124m-fineweb-edu.toml"           # the config every 124M run used
 INPUTS = (NCCL, S1, S2, TPF, PRETRAIN)

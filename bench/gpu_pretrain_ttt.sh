@@ -16,7 +16,7 @@
 #
 # Built for 10-minute calls: it stops starting work when BUDGET_S is spent; a run cut off keeps its last checkpoint
 # (every CKPT_EVERY steps) and resumes on the next call while the machine is warm. A finished run's curve is kept in
-# RESULT (results/h200/pretrain_time_to_target.json): copy $OUT/pretrain_time_to_target.json there after each call so
+# RESULT (results/h200/pretrain/ttt/results.json): copy $OUT/pretrain_time_to_target.json there after each call so
 # that a fresh machine skips a finished baseline. Repeat until it prints "complete".
 #   usage (device, data carried):  bash bench/gpu_pretrain_ttt.sh
 #   another recipe:                RECIPE_SETS='train.optimizer="muon" optim.muon_lr=0.03' bash ...
@@ -30,11 +30,11 @@ export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DIS
 OUT=${OUT:-/tmp/out}; DATA=${DATA:-.gpu-data/sharegpt}; TOKENS=${TOKENS:-104857600}; VAL_EVERY=${VAL_EVERY:-5}
 BUDGET_S=${BUDGET_S:-560}; CKPT_EVERY=${CKPT_EVERY:-50}; ROOT=${ROOT:-runs/ttt}
 MIN_LEFT_S=${MIN_LEFT_S:-240}   # do not start a run with less: compile (~1.5 min) + CKPT_EVERY steps must fit
-RESULT=${RESULT:-results/h200/pretrain_time_to_target.json}
+RESULT=${RESULT:-results/h200/pretrain/ttt/results.json}
 CONFIG=${CONFIG:-configs/pretrain/gpt2-124m-fineweb-edu.toml}
 BASE_SETS=${BASE_SETS:-}
-# the measured recipe (results/h200/pretrain_time_to_target.json): Muon on the hidden matrices, 3x llm.c's AdamW lr
-# for the rest, cuDNN attention and the chunked loss (the two fastest exact options, pretrain_variants_round2.json)
+# the measured recipe (results/h200/pretrain/ttt/results.json): Muon on the hidden matrices, 3x llm.c's AdamW lr
+# for the rest, cuDNN attention and the chunked loss (the two fastest exact options, results/h200/pretrain/variants-round2)
 RECIPE_SETS=${RECIPE_SETS:-'train.optimizer="muon" train.attention="cudnn" train.loss_chunks=8 optim.lr=1.8e-3'}
 RECIPE_TOKENS=${RECIPE_TOKENS:-$(( TOKENS * 6 / 10 ))}   # its schedule ends at the goal: 0.6 x TOKENS (120 steps)
 TOKENS_PER_STEP=${TOKENS_PER_STEP:-524288}   # the baseline's train.total_batch_tokens (the config's 0.5M)

@@ -19,7 +19,7 @@
 #   ...-at: the same with Inductor autotuning its kernels (max-autotune-no-cudagraphs; fails in torch 2.11: its
 #   Triton GEMM template takes no FP8 operand), ...-cd: Inductor's own Triton kernels tuned by coordinate descent
 #   at first call, GEMMs left alone (train.compile_tune_kernels; 322 s of compile, then non-finite gradients at
-#   step 0 in torch 2.11: results/h200/pretrain_variants_round6.json), plain-noprefetch / ...-gk-noprefetch (the
+#   step 0 in torch 2.11: results/h200/pretrain/variants-round6/results.json), plain-noprefetch / ...-gk-noprefetch (the
 #   batches copied from pageable memory in turn, train.batch_prefetch=false: the A/B of the pinned one-ahead loader),
 #   ...-gk-bf16res (train.residual_dtype="compute": the residual stream and LayerNorm outputs in bf16, as llm.c),
 #   cudnn-fp8-all-autotune / cudnn-fp8-all-graphs (train.compile_mode: autotuned kernels, then CUDA graphs too;

@@ -2,13 +2,13 @@
 # The scaling-law ladder: GPT-2-family models of 4 sizes x 4 token budgets on the carried ShareGPT shards, each run
 # trained to its own budget with its own cosine schedule (Hoffmann et al. 2022 fit one schedule length per point),
 # final val loss on the same first 1,048,576 val tokens. The finished runs' losses go to
-# results/h200/scaling_ladder.json (also copied to $OUT), which `scalelab pretrain predict` then fits
+# results/h200/pretrain/scaling-ladder/results.json (also copied to $OUT), which `scalelab pretrain predict` then fits
 # L(N, D) = E + A/N^alpha + B/D^beta on for runs on the same data (same manifest sha256).
 #
 # Built for 10-minute calls: it stops starting runs when BUDGET_S is spent, a run cut off by the budget keeps its
 # last checkpoint (every 100 steps, written atomically) and resumes on the next call while the machine is warm, and
-# runs already in results/h200/scaling_ladder.json are skipped, so a fresh machine continues where the file ends.
-# Copy $OUT/scaling_ladder.json to results/h200/ after each call.
+# runs already in results/h200/pretrain/scaling-ladder/results.json are skipped, so a fresh machine continues where the file ends.
+# Copy $OUT/scaling_ladder.json to results/h200/pretrain/scaling-ladder/results.json after each call.
 #   usage (device, data carried):  bash bench/gpu_scaling_ladder.sh        (carry .gpu-data; repeat until "complete")
 #   smoke test on a CPU: LADDER=/tmp/l.json ROOT=/tmp/ladder SIZES_ENV="2 2 32" STEPS_ENV="4 8" \
 #     EXTRA_SETS='train.device="cpu" train.compile=false train.dtype="float32" model.block_size=64' bash ...
@@ -20,7 +20,7 @@
 set -uo pipefail
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; DATA=${DATA:-.gpu-data/sharegpt}; BUDGET_S=${BUDGET_S:-540}; ROOT=${ROOT:-runs/ladder}
-LADDER=${LADDER:-results/h200/scaling_ladder.json}
+LADDER=${LADDER:-results/h200/pretrain/scaling-ladder/results.json}
 SIZES=("4 4 256" "6 6 384" "8 8 512" "12 12 768")      # layers heads width: ~16M, ~30M, ~51M, ~124M parameters
 STEPS=(256 512 1024 2048)                                # x 16,384 tokens: 4.2M, 8.4M, 16.8M, 33.6M tokens
 [ -n "${SIZES_ENV:-}" ] && IFS=, read -ra SIZES <<< "$SIZES_ENV"     # e.g. "2 2 32,4 4 64"

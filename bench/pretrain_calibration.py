@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Calibrate `scalelab pretrain predict` on the committed H200 measurements and score it on the rest. No GPU needed.
 
-    python bench/pretrain_calibration.py        # writes results/h200/pretrain_predictor_calibration.json, prints tables
+    python bench/pretrain_calibration.py        # writes results/h200/pretrain/predictor-calibration/results.json, prints tables
 
 Fitted on 124M at B=16 and B=64 (T=1024, one GPU, one micro-batch per step): two rows, two constants per model
 (calibrate.py: u and the per-step overhead for throughput; the activation scale and the runtime bytes for memory).
@@ -31,21 +31,21 @@ from scalelab.pretrain.predict import count_params, law_params, predict, recipe_
 from scalelab.pretrain.scaling_law import CHINCHILLA_PRIOR
 
 REPO = Path(__file__).resolve().parents[1]
-OUT = "results/h200/pretrain_predictor_calibration.json"
+OUT = "results/h200/pretrain/predictor-calibration/results.json"
 RECIPE = "configs/pretrain/gpt2-124m-fineweb-edu.toml"
-SWEEP = "results/h200/pretrain_sweep_1gpu.json"
-S1 = "results/h200/pretrain_124m_1gpu_ddp_fsdp2.json"
-S2 = "results/h200/pretrain_124m_fsdp2_mixed_precision.json"
-VARIANTS = "results/h200/pretrain_recipe_variants.json"
-LADDER = "results/h200/scaling_ladder.json"
-VARIANTS2 = "results/h200/pretrain_variants_round2.json"
-TTT = "results/h200/pretrain_time_to_target.json"
-VARIANTS3 = "results/h200/pretrain_variants_round3.json"
-LADDER_CHECK = "results/h200/scaling_ladder_350m_check.json"
-VARIANTS4 = "results/h200/pretrain_variants_round4.json"
-VARIANTS5 = "results/h200/pretrain_variants_round5.json"
-VARIANTS6 = "results/h200/pretrain_variants_round6.json"
-VARIANTS7 = "results/h200/pretrain_variants_round7.json"
+SWEEP = "results/h200/pretrain/sweep-1gpu/results.json"
+S1 = "results/h200/pretrain/ddp-fsdp2-124m/results.json"
+S2 = "results/h200/pretrain/fsdp2-mixed-precision-124m/results.json"
+VARIANTS = "results/h200/pretrain/variants-round1/results.json"
+LADDER = "results/h200/pretrain/scaling-ladder/results.json"
+VARIANTS2 = "results/h200/pretrain/variants-round2/results.json"
+TTT = "results/h200/pretrain/ttt/results.json"
+VARIANTS3 = "results/h200/pretrain/variants-round3/results.json"
+LADDER_CHECK = "results/h200/pretrain/scaling-ladder-350m-check/results.json"
+VARIANTS4 = "results/h200/pretrain/variants-round4/results.json"
+VARIANTS5 = "results/h200/pretrain/variants-round5/results.json"
+VARIANTS6 = "results/h200/pretrain/variants-round6/results.json"
+VARIANTS7 = "results/h200/pretrain/variants-round7/results.json"
 INPUTS = (RECIPE, SWEEP, S1, S2, VARIANTS, LADDER, VARIANTS2, TTT, VARIANTS3, LADDER_CHECK, VARIANTS4, VARIANTS5,
           VARIANTS6, VARIANTS7)
 # variant runs that record their settings: scored apart
@@ -54,7 +54,7 @@ SCORED_ROUNDS = (VARIANTS2, VARIANTS3, VARIANTS4, VARIANTS5, VARIANTS6, VARIANTS
 # stood then, forecast forward to the kernels and the loader added since)
 RECIPE_FIT_ROUNDS = {"fp8-row": (VARIANTS4, VARIANTS5)}
 # runs of code that no longer exists, which their sets cannot tell apart from today's: neither fitted nor held out
-RECIPE_STALE = {"pretrain_variants_round4.call1.cudnn-fp8row-all-chunks8-b128-tk-fast (bias outside the GEMM)":
+RECIPE_STALE = {"variants-round4.call1.cudnn-fp8row-all-chunks8-b128-tk-fast (bias outside the GEMM)":
                 "the bias added after the FP8 GEMM, a code path replaced within round 4 by the GEMM's epilogue"}
 
 
@@ -310,7 +310,7 @@ def recipe_rows(family: str, repo: Path) -> list[cal.Row]:
     for path, call, name, r in recorded_variants(repo):
         cfg = config(tuple(r["sets"].split()), repo)
         if recipe_family(cfg) == family:
-            key = f"{Path(path).stem}.{call}.{name}"
+            key = f"{Path(path).parent.name}.{call}.{name}"
             role = "stale" if key in RECIPE_STALE else "fit" if path in RECIPE_FIT_ROUNDS[family] else "held-out"
             rows.append(cal.Row(key=key, label=RECIPE_STALE.get(key, name), role=role,
                                 source=f"{path} calls.{call}.variants.{name}", workload=workload(cfg, 1),

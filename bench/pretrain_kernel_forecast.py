@@ -10,7 +10,7 @@ those two bandwidths (a kernel not yet tuned) to the faster. The forecast applie
 recipe (-mk, the same recipe with multi-kernel reductions); multi-kernel may already have sped up the removed
 kernels, which would shrink the saving: a reason to trust the interval's low end more than its high end.
 
-    .venv/bin/python bench/pretrain_kernel_forecast.py --out results/h200/pretrain_kernel_forecast.json
+    .venv/bin/python bench/pretrain_kernel_forecast.py --out results/h200/pretrain/kernel-forecast/results.json
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from scalelab.core.provenance import git_sha
 
-PROFILE = "results/h200/pretrain_profile/profile_fp8row_all_chunks8_b128_tk_fast_biasgemm.json"
-ROUND4 = "results/h200/pretrain_variants_round4.json"
+PROFILE = "results/h200/pretrain/variants-round4/profiles/profile_fp8row_all_chunks8_b128_tk_fast_biasgemm.json"
+ROUND4 = "results/h200/pretrain/variants-round4/results.json"
 GOAL_TOKENS_PER_S = 650_000
 UNTUNED = 0.8  # the low end: a new kernel at 80% of the slower calibrating kernel's bandwidth
 # profiled kernels, by name prefix

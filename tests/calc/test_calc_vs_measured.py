@@ -20,7 +20,7 @@ cvm = load_bench("calc_vs_measured")
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    if not (H200 / "pretrain_124m_fsdp2_mixed_precision.json").is_file():
+    if not (H200 / "pretrain" / "fsdp2-mixed-precision-124m" / "results.json").is_file():
         pytest.skip("results/h200 measurements not present")
     with pytest.MonkeyPatch.context() as mp:    # the calibration must come from the committed results
         mp.setenv("SCALELAB_RESULTS_DIR", str(REPO / "results"))

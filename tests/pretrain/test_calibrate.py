@@ -266,7 +266,7 @@ def test_ladder_check_scores_the_run_outside_the_fit():
 
 def test_config_comments_state_the_committed_time_and_cost():
     text = (REPO / "configs/pretrain/gpt2-124m-fineweb-edu.toml").read_text()
-    t = next(x for x in read_json(REPO / "results/h200/pretrain_predictor_calibration.json")["time_to_target"]
+    t = next(x for x in read_json(REPO / "results/h200/pretrain/predictor-calibration/results.json")["time_to_target"]
              if x["bar"] == "llmc_tokens")
     lo, hi = t["hours_interval"]
     assert f"= {t['hours']:.2f} h ({lo:.2f}-{hi:.2f} h" in text
@@ -275,21 +275,21 @@ def test_config_comments_state_the_committed_time_and_cost():
 
 
 def test_docs_are_generated_from_the_results(tmp_path):
-    from scalelab.pretrain.docs import write_docs
-    out = write_docs(REPO, tmp_path / "pretrain.md")
+    from scalelab.pretrain.docs import docs
+    out = docs(REPO / "docs/pretrain.toml", tmp_path / "pretrain.md")
     text = out.read_text()
-    c = read_json(REPO / "results/h200/pretrain_predictor_calibration.json")
+    c = read_json(REPO / "results/h200/pretrain/predictor-calibration/results.json")
     t = next(x for x in c["time_to_target"] if x["bar"] == "llmc_tokens")
     assert f"**{t['hours']:.2f} h**" in text and f"**${t['cost_usd']:.2f}**" in text
     s = c["summary"]["tokens_per_s"]
     assert f"{s['within_10pct']} of {s['held_out']} held-out throughputs" in text
     assert "| cudnn-fp8-all | 1 | 516k | 1.065 |" in text and "**97.8%** scaling" in text
     assert (tmp_path / "figures" / "pretrain_recipe_lr.png").read_bytes()[:4] == b"\x89PNG"
-    v = read_json(REPO / "results/h200/pretrain_time_to_target.json")["verdict"]   # time to target, read right
+    v = read_json(REPO / "results/h200/pretrain/ttt/results.json")["verdict"]   # time to target, read right
     assert f"ratio {v['ratio']:.3f}**" in text and f"**{v['target_val_loss']:.3f}**" in text
     assert "| cudnn-fp8-all-chunks8-b128-tk | 3 | 578k | 1.193 | 33.7 |" in text               # third round
-    v6 = read_json(REPO / "results/h200/pretrain_variants_round6.json")
-    v7 = read_json(REPO / "results/h200/pretrain_variants_round7.json")        # seventh round: the latest verdict
+    v6 = read_json(REPO / "results/h200/pretrain/variants-round6/results.json")
+    v7 = read_json(REPO / "results/h200/pretrain/variants-round7/results.json")        # seventh round: the latest verdict
     assert f"**Verdict: {v7['verdict']}.**" in text and v7["verdict"].startswith("met: 656,603 tokens/s")
     assert "| cudnn-fp8row-all-chunks8-b128-tk-fast-mk | 4 | 605k | 1.242 | 42.7 |" in text
     assert "| triton | 221 | 416 | 288 | 142 | 143 | 143 |" in text    # round 4's profiles, round 5's, 6's, 7's

@@ -56,5 +56,5 @@ def test_committed_forecast_is_what_the_script_computes(fc, tmp_path, monkeypatc
     monkeypatch.chdir(REPO)
     assert fc.main(["--out", str(tmp_path / "f.json")]) == 0
     fresh, committed = (json.loads(p.read_text()) for p in (tmp_path / "f.json",
-                                                            REPO / "results/h200/pretrain_kernel_forecast.json"))
+                                                            REPO / "results/h200/pretrain/kernel-forecast/results.json"))
     assert fresh["forecasts"] == committed["forecasts"] and fresh["parts"] == committed["parts"]

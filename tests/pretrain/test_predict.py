@@ -79,7 +79,7 @@ def _measured_variants() -> list[tuple[str, list[str], dict]]:
     """(name, sets, measured row) of every H200 variant run of rounds 2-4 that records its sets."""
     out = []
     for rnd in (2, 3, 4):
-        doc = read_json(REPO / f"results/h200/pretrain_variants_round{rnd}.json")
+        doc = read_json(REPO / f"results/h200/pretrain/variants-round{rnd}/results.json")
         out += [(name, r["sets"].split(), r) for call in doc["calls"].values()
                 for name, r in call["variants"].items() if r.get("sets")]
     return out

@@ -1,4 +1,4 @@
-"""Fit the alpha-beta model to measured collectives (bench/nccl_bench.py output, results/<hw>/nccl_*.json).
+"""Fit the alpha-beta model to measured collectives (bench/nccl_bench.py output, <results>/<hw>/nccl_*.json).
 
 For each collective we fit t(S) = alpha + factor(n)·S/B_bus to the median times over message sizes,
 minimising the squared *relative* error (weights 1/t²) so that 8-byte and 1-GiB points count alike:
@@ -80,7 +80,7 @@ def results_dir() -> Path:
 
 
 def load_calibration(hw_key: str, root: Path | None = None) -> dict[str, CollectiveFit]:
-    """Fits from results/<hw_key>/nccl_*.json (the last file in name order wins per collective); {} if none."""
+    """Fits from <results>/<hw_key>/nccl_*.json (the last file in name order wins per collective); {} if none."""
     folder = (root or results_dir()) / hw_key
     fits: dict[str, CollectiveFit] = {}
     for path in sorted(folder.glob("nccl_*.json")):

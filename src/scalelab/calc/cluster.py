@@ -1,7 +1,7 @@
 """A cluster: GPUs from the hardware table, grouped in nodes, with intra- and inter-node links.
 
 Intra-node links come from core/hardware.py (NVLink bandwidth per direction, small-message latency),
-or, when results/<gpu>/nccl_*.json exists, from the alpha-beta fit to those measurements
+or, when <results>/<gpu>/nccl_*.json exists, from the alpha-beta fit to those measurements
 (calc/calibration.py), per collective. core/hardware.py has no inter-node numbers, so the NIC per GPU
 is given here, per hardware key, with its source.
 
@@ -44,7 +44,7 @@ class Cluster:
     intra: dict[str, Link] = field(hash=False)      # per collective
     inter_bw_bytes_s: float = 50e9
     inter_latency_s: float = 20e-6
-    calibrated: bool = False                          # intra links fitted from results/<gpu>/nccl_*.json
+    calibrated: bool = False                          # intra links fitted from <results>/<gpu>/nccl_*.json
 
     @property
     def node_size(self) -> int:

@@ -81,7 +81,7 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inter-bw", type=float, metavar="GB/s", help="NIC bandwidth per GPU per direction")
     g.add_argument("--latency", type=float, metavar="us", help="intra-node collective latency")
     g.add_argument("--inter-latency", type=float, metavar="us", help="inter-node collective latency")
-    g.add_argument("--no-calibration", action="store_true", help="ignore results/<gpu>/nccl_*.json fits")
+    g.add_argument("--no-calibration", action="store_true", help="ignore <results>/<gpu>/nccl_*.json fits")
 
 
 def _output_args(p: argparse.ArgumentParser) -> None:

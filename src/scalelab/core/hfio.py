@@ -1,6 +1,6 @@
 """Files of a Hugging Face model folder that every job writes the same way: the safetensors weights, the
 generation config and GPT-2's tokenizer under HF's file names. The pretrain job's export and the serve job's
-dummy-weight folders both use them (jobs share code through core, DESIGN.md)."""
+dummy-weight folders both use them (jobs share code through core)."""
 from __future__ import annotations
 
 import json

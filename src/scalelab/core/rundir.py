@@ -1,4 +1,4 @@
-"""One run = one folder (DESIGN.md principle 3).
+"""One run = one folder.
 
     <run>/config.toml        fully resolved config
     <run>/provenance.json    git sha, packages, hardware, data manifest hash, command

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from scalelab.core.config import add_config_args
@@ -58,9 +59,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a run folder or a sweep folder")
     p.set_defaults(func=_report)
 
-    p = verbs.add_parser("docs", help="the write-up (docs/dpo.md + figures) generated from a sweep folder")
-    p.add_argument("path", help="a sweep folder (or one run folder)")
-    p.add_argument("--out", default="docs/dpo.md", help="Markdown file; figures go to figures/ beside it")
+    p = verbs.add_parser("docs", help="the write-up (docs/dpo.md + figures) generated from the results a docs "
+                                      "manifest names, or from a sweep folder")
+    p.add_argument("path", nargs="?", default="docs/dpo.toml",
+                   help="a docs manifest (.toml; default docs/dpo.toml), or a sweep folder (or one run folder)")
+    p.add_argument("--out", default=None, help="Markdown file (default: the manifest's `out`, else docs/dpo.md); "
+                                               "figures go to figures/ beside it")
     p.set_defaults(func=_docs)
 
     p = verbs.add_parser("data", help="build (verifier set) or load the preference pairs and show a summary")
@@ -112,8 +116,16 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from scalelab.dpo.docs import write_docs
-    print(write_docs(Path(args.path), Path(args.out)))
+    from scalelab.core.sections import ManifestError
+    from scalelab.dpo.docs import docs, write_docs
+    try:
+        if args.path.endswith(".toml"):
+            print(docs(Path(args.path), Path(args.out) if args.out else None))
+        else:
+            print(write_docs(Path(args.path), Path(args.out or "docs/dpo.md")))
+    except ManifestError as e:
+        print(f"scalelab: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -7,7 +7,7 @@ preference trainers take as "conversational, explicit prompt":
                    chosen=[{"role": "assistant", "content": "4"}],
                    rejected=[{"role": "assistant", "content": "5"}], source="verifier:arithmetic", id="...")
 
-Sources (hub id or local path in the same format, DESIGN.md principle 5):
+Sources (hub id or local path in the same format):
     ultrafeedback  HuggingFaceH4/ultrafeedback_binarized: chosen/rejected are full message lists whose last
                    message differs; local .jsonl(.gz) / .parquet with the same columns
     hh-rlhf        Anthropic/hh-rlhf: chosen/rejected are whole "\\n\\nHuman: … \\n\\nAssistant: …" dialogues;

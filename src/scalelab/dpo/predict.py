@@ -49,11 +49,10 @@ class OverheadPrior:
     why: str
 
 
-# Measured on an H200 (results/h200/dpo/smollm2, dpo-beta0.05): SmolLM2-135M, LoRA r=16 on all 7 projections,
-# bf16, 32 pairs x ~100 tokens: median step 0.31 s where the FLOP term gives 0.012 s, i.e. 3.3 ms per layer
-# and pass (30 layers x 3 passes): ~50 eager ops per adapted layer forward at tens of us each, plus TRL's
-# per-step logging syncs. One point, added after that run (its own predictions.json predates it). On the 7B
-# shape the term is 0.28 s of a measured 1.40 s step. CPU steps of the same model are FLOP-bound (0.31 MFU).
+# Read off one measured GPU run of a small model (LoRA on all 7 projections, bf16, short pairs), whose step is far
+# above its FLOP term: tens of eager ops per adapted layer forward at tens of us each, plus TRL's per-step logging
+# syncs, so the overhead is per layer and pass. One point, added after that run (its own predictions.json
+# predates it). CPU steps of the same model are FLOP-bound.
 OVERHEAD_PRIORS: dict[str, OverheadPrior] = {
     "cpu": OverheadPrior(0.0, "CPU steps measured FLOP-bound"),
 }

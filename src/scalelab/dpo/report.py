@@ -1,85 +1,28 @@
-"""A dpo run's REPORT.md, regenerated from its folder alone (DESIGN.md principle 3).
+"""A dpo run's REPORT.md, regenerated from its folder alone.
 
-    load_run(run_dir) -> RunFiles               read: config.toml, metrics.jsonl, predictions.json, battery.json
+    load_run(run_dir) -> RunFiles               read (dpo.runfiles): config.toml, metrics.jsonl, predictions.json,
+                                                battery.json
     plot_training(run, path)                    figures/training.png: loss and reward accuracy per step
     render_run(run) -> str                      predicted vs measured, curves, battery, lengths, evidence bar
     write_run_report(run_dir) -> Path           all of the above (and figures/margins.png redrawn)
+    report(path) -> Path                        a run folder's REPORT.md, or a sweep's: each run's, then its table
 
-A sweep's table and choice of beta live in dpo.sweep_report; `write_report` picks by folder.
+A sweep's table and choice of beta live in dpo.sweep_report.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from scalelab.core.config import read_toml
+from scalelab.core import figures as figs
 from scalelab.core.rundir import RunDir
 from scalelab.dpo import battery_stats as stats
 from scalelab.dpo.evidence import render_evidence_table, verdict_text
+from scalelab.dpo.runfiles import RunFiles, fmt, is_run_dir, load_run, pct, pts, table
+from scalelab.dpo.sweep_report import find_runs, write_sweep_report
 
-BATTERY_JSON = Path("battery") / "battery.json"
-
-
-@dataclass(frozen=True)
-class RunFiles:
-    path: Path
-    config: dict                    # config.toml as written by the run
-    results: dict                   # dpo.run.results_from_run: measured, with predictions.json inside
-    train: list[dict]               # "train" events since the last fresh start (TRL's log lines)
-    margins: list[dict]             # "margins" events since the last fresh start
-    step_s_total: float | None      # summed optimizer-step time
-    battery: dict | None            # battery/battery.json
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    @property
-    def label(self) -> str:
-        t = self.config.get("train", {})
-        return f"{t.get('loss', '?')} β={t.get('beta', '?'):g}" if isinstance(t.get("beta"), (int, float)) \
-            else self.name
-
-
-def is_run_dir(path: Path) -> bool:
-    return (path / "config.toml").is_file() and (path / "metrics.jsonl").is_file()
-
-
-def load_run(run_dir: str | Path) -> RunFiles:
-    from scalelab.core.jsonio import read_json
-    from scalelab.dpo.run import _this_training, results_from_run
-    path = Path(run_dir)
-    if not is_run_dir(path):
-        raise FileNotFoundError(f"{path}: not a dpo run folder (needs config.toml and metrics.jsonl)")
-    rd = RunDir(path)
-    steps = _this_training(rd, "step")
-    battery = path / BATTERY_JSON
-    return RunFiles(path, read_toml(path / "config.toml", "run config"), results_from_run(path),
-                    _this_training(rd, "train"), _this_training(rd, "margins"),
-                    sum(e["step_s"] for e in steps) if steps else None,
-                    read_json(battery) if battery.is_file() else None)
-
-# ---------------------------------------------------------------------------------------------
-# formatting
-
-
-def fmt(value: Any, spec: str = "{:.3f}") -> str:
-    return "-" if value is None else spec.format(value)
-
-
-def pct(fraction: float | None, digits: int = 1) -> str:
-    return "-" if fraction is None else f"{100 * fraction:.{digits}f}%"
-
-
-def pts(fraction: float | None, digits: int = 1) -> str:
-    return "-" if fraction is None else f"{100 * fraction:+.{digits}f}"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    esc = [[str(c).replace("|", "\\|") for c in r] for r in rows]
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |"
-                                                                            for r in esc]
+__all__ = ["RunFiles", "battery_md", "fmt", "is_run_dir", "lengths_md", "load_run", "pct", "plot_training",
+           "prediction_rows", "pts", "render_run", "report", "table", "write_report", "write_run_report"]
 
 # ---------------------------------------------------------------------------------------------
 # predicted vs measured
@@ -121,10 +64,7 @@ def plot_training(run: RunFiles, out: Path) -> Path | None:
     """Left: training loss per step. Right: train-batch and held-out reward accuracy per step."""
     if not run.train:
         return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (ax_l, ax_a) = figs.axes(1, 2, width_in=10, height_in=3.6, dpi=110)
     ax_l.plot([e["step"] for e in run.train if "loss" in e], [e["loss"] for e in run.train if "loss" in e], "o-")
     ax_l.set(xlabel="step", ylabel="loss", title=f"training loss ({run.label})")
     acc = [e for e in run.train if "rewards_accuracies" in e]
@@ -137,11 +77,7 @@ def plot_training(run: RunFiles, out: Path) -> Path | None:
     ax_a.legend(fontsize=8)
     for ax in (ax_l, ax_a):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return figs.save(fig, out)
 
 
 def curves_md(run: RunFiles, figures: Sequence[str]) -> list[str]:
@@ -239,7 +175,7 @@ def render_run(run: RunFiles, figures: Sequence[str] = ()) -> str:
 
 
 def write_run_report(run_dir: str | Path) -> Path:
-    from scalelab.dpo.margins import plot_margins
+    from scalelab.dpo.margins import plot_margins   # margins imports torch and transformers; only its plot is used
     run = load_run(run_dir)
     rd = RunDir(run.path)
     figures = []
@@ -250,10 +186,14 @@ def write_run_report(run_dir: str | Path) -> Path:
     return rd.write_report(render_run(run, figures))
 
 
-def write_report(path: str | Path) -> Path:
-    """REPORT.md for a run folder, or for a sweep folder (its table, the chosen beta, and each run's report)."""
+def report(path: str | Path) -> Path:
+    """REPORT.md for a run folder, or for a sweep folder (each run's report, then the sweep's table and choice)."""
     path = Path(path)
     if is_run_dir(path):
         return write_run_report(path)
-    from scalelab.dpo.sweep_report import write_sweep_report
+    for run in find_runs(path):
+        write_run_report(run)
     return write_sweep_report(path)
+
+
+write_report = report   # the name the CLI and callers have used

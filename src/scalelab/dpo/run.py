@@ -19,8 +19,11 @@ from scalelab.core.jsonio import read_json
 from scalelab.core.provenance import folder_provenance
 from scalelab.core.rundir import RunDir
 from scalelab.core.tracking import mirrored_metrics
+from scalelab.dpo import sweep_report
 from scalelab.dpo.config import DpoConfig
 from scalelab.dpo.data import PreferencePair, load_pairs, split_by_prompt, subsample
+from scalelab.dpo.report import write_run_report
+from scalelab.dpo.runfiles import results_from_run, this_training
 
 # ---------------------------------------------------------------------------------------------
 # data
@@ -141,8 +144,8 @@ def _callbacks(cfg: DpoConfig, rd: RunDir, model, tokenizer, data: PreparedData)
 
 
 def check_same_data(rd: RunDir, info: dict) -> None:
-    """Resuming on other data than the run started with is an error (DESIGN.md principle 4)."""
-    before = [e.get("sha256") for e in _this_training(rd, "data", include_start_data=True)]
+    """Resuming on other data than the run started with is an error."""
+    before = [e.get("sha256") for e in this_training(rd, "data", include_start_data=True)]
     if before and before[0] != info.get("sha256"):
         raise ValueError(f"{rd.path}: preference data changed since the run started (sha256 {before[0]} -> "
                          f"{info.get('sha256')}); start a new run (another run.name) or set train.resume = false")
@@ -169,7 +172,7 @@ def train_run(cfg: DpoConfig, rd: RunDir) -> dict:
     adapter_bytes = save_adapter(trainer, rd.path / "adapter")
     write_base_record(rd.path / "adapter", cfg.model.name)
     rd.log_event("train_end", wall_s=time.perf_counter() - t0, adapter_bytes=adapter_bytes)
-    plot_margins(_this_training(rd, "margins"), rd.figures / "margins.png")
+    plot_margins(this_training(rd, "margins"), rd.figures / "margins.png")
     if cfg.hub.push:
         pushed = push_folder(rd.path / "adapter", cfg.hub.repo_id, cfg.hub.private)
         rd.log_event("hub_push", repo_id=pushed.repo_id, url=pushed.url)
@@ -190,7 +193,6 @@ def run_dpo(cfg: DpoConfig) -> dict:
 
 def finish_run(cfg: DpoConfig, rd: RunDir) -> None:
     """The regression battery when enabled (dpo.battery), then REPORT.md from the folder."""
-    from scalelab.dpo.report import write_run_report
     if cfg.battery.enabled:
         from scalelab.dpo.battery import run_battery, summary_line
         print(f"battery: {summary_line(run_battery(cfg, rd.path))}")
@@ -199,43 +201,6 @@ def finish_run(cfg: DpoConfig, rd: RunDir) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # results (from the run folder alone)
-
-
-def _first_last(records: list[dict], key: str) -> tuple:
-    vals = [r[key] for r in records if isinstance(r.get(key), (int, float))]
-    return (vals[0], vals[-1]) if vals else (None, None)
-
-
-def _this_training(rd: RunDir, kind: str, include_start_data: bool = False) -> list[dict]:
-    """Events of `kind` since the last fresh start (a train_start that resumed nothing): a rerun without a
-    checkpoint trains from scratch, and the earlier attempt's events must not mix into its results.
-    include_start_data: begin at the 'data' event logged just before that start."""
-    events = list(rd.events())
-    starts = [i for i, e in enumerate(events) if e["event"] == "train_start" and not e.get("resume_from")]
-    first = starts[-1] if starts else 0
-    if include_start_data:
-        first = max([i for i, e in enumerate(events[:first]) if e["event"] == "data"], default=first)
-    return [e for e in events[first:] if e["event"] == kind]
-
-
-def results_from_run(path: str | Path) -> dict:
-    rd = RunDir(path)
-    train_logs = [e for e in _this_training(rd, "train") if "loss" in e]
-    margins, steps = _this_training(rd, "margins"), _this_training(rd, "step")
-    step_s = [e["step_s"] for e in steps[1:]] or [e["step_s"] for e in steps]  # first step pays warm-up
-    end = (_this_training(rd, "train_end") or [{}])[-1]
-    loss0, loss1 = _first_last(train_logs, "loss")
-    acc0, acc1 = _first_last(margins, "reward_accuracy")
-    m0, m1 = _first_last(margins, "margin_mean")
-    return {"loss_first": loss0, "loss_last": loss1, "steps": steps[-1]["step"] if steps else 0,
-            "heldout_reward_accuracy_first": acc0, "heldout_reward_accuracy_last": acc1,
-            "heldout_margin_mean_first": m0, "heldout_margin_mean_last": m1,
-            "drift_abs_logratio_chosen_nats_last": _first_last(margins, "drift_abs_logratio_chosen_nats")[1],
-            "train_reward_accuracy_last": _first_last(train_logs, "rewards_accuracies")[1],
-            "step_s_median": statistics.median(step_s) if step_s else None,
-            "peak_memory_gib": max((e["peak_memory_gib"] for e in steps), default=None),
-            "wall_s": end.get("wall_s"), "adapter_bytes": end.get("adapter_bytes"),
-            "predictions": rd.read_optional("predictions.json")}
 
 
 def format_results(r: dict) -> str:
@@ -290,6 +255,5 @@ def run_sweep(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_name:
                      **{k: v for k, v in r.items() if k != "predictions"}})
         names = {row["run"] for row in rows}
         write_json(index, {"runs": [row for row in earlier if row["run"] not in names] + rows})
-    from scalelab.dpo.sweep_report import write_sweep_report
-    print(f"sweep report: {write_sweep_report(Path(cfg.run.out_dir) / sweep_name)}")
+    print(f"sweep report: {sweep_report.write_sweep_report(Path(cfg.run.out_dir) / sweep_name)}")
     return rows

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from scalelab.core.config import read_toml
 from scalelab.dpo import battery_stats as stats
 from scalelab.dpo.evidence import PASS, render_evidence_table, verdict_text
-from scalelab.dpo.report import RunFiles, fmt, is_run_dir, load_run, pts, table, write_run_report
+from scalelab.dpo.runfiles import RunFiles, fmt, is_run_dir, load_run, pts, table
 
 LOSS_ORDER = ("dpo", "ipo", "orpo")
 
@@ -56,7 +57,6 @@ def find_runs(sweep_dir: str | Path) -> list[Path]:
         raise FileNotFoundError(f"{sweep}: no run folders (subfolders with config.toml and metrics.jsonl)")
 
     def key(p: Path) -> tuple:
-        from scalelab.core.config import read_toml
         t = read_toml(p / "config.toml").get("train", {})
         loss = t.get("loss", "")
         return (LOSS_ORDER.index(loss) if loss in LOSS_ORDER else len(LOSS_ORDER), t.get("beta", 0.0), p.name)
@@ -123,11 +123,9 @@ def render_sweep(sweep_dir: Path, runs: Sequence[RunFiles]) -> str:
 
 
 def write_sweep_report(sweep_dir: str | Path) -> Path:
-    """Each run's REPORT.md, then <sweep>/REPORT.md."""
+    """<sweep>/REPORT.md from its runs' files (dpo.report.report also rewrites each run's REPORT.md first)."""
     sweep = Path(sweep_dir)
     paths = find_runs(sweep)
-    for p in paths:
-        write_run_report(p)
     out = sweep / "REPORT.md"
     out.write_text(render_sweep(sweep, [load_run(p) for p in paths]))
     return out

@@ -1,12 +1,13 @@
 """The write-up's throughput section, from the JSON of bench/dpo_throughput.py (TRL's defaults vs our recipe).
 
     find_throughput(sweep) -> list[Path]      bench results beside the sweep folder (throughput*.json)
-    throughput_md(path) -> list[str]          the table, the loss check and the flags that differ
+    throughput_md(path, shown) -> list[str]   the table, the loss check and the flags that differ
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from scalelab.core.jsonio import read_json
 
 
 def find_throughput(sweep: Path) -> list[Path]:
@@ -21,8 +22,9 @@ def _row(name: str, what: str, row: dict, peak: float | None) -> str:
             f"{t['step_s_mean']:.2f} | {peak:.1f} | {c.get('speedup_step', 1.0):.2f}x |")
 
 
-def throughput_md(path: Path) -> list[str]:
-    d = json.loads(path.read_text())
+def throughput_md(path: Path, shown: str | None = None) -> list[str]:
+    """shown: the file's name as the page prints it (default: the path as given)."""
+    d = read_json(path)
     s, shape, summary = d["settings"], d["model_shape"], d["summary"]
     peaks = {r["name"]: r.get("peak_memory_gib") for r in d["results"]}
     prov = d["provenance"]
@@ -35,7 +37,7 @@ def throughput_md(path: Path) -> list[str]:
              f"sequences up to {s['max_length']} tokens (prompt ~U{tuple(s['prompt_tokens'])}, responses "
              f"~U{tuple(s['response_tokens'])}), {s['measured_steps']} measured steps after {s['warmup_steps']} "
              f"warm-up, each variant in a fresh process on one {prov.get('gpu', 'GPU')} "
-             f"(`{path.as_posix()}`, git {str(prov.get('git_sha', '?'))[:10]}). Tokens/s counts real "
+             f"(`{shown or path.as_posix()}`, git {str(prov.get('git_sha', '?'))[:10]}). Tokens/s counts real "
              "(non-pad) chosen + rejected tokens; \"end to end\" charges a reference precompute to the steps.", "",
              "| variant | what | tok/s | tok/s end to end | step s | peak GiB | vs trl_default |",
              "|---|---|---|---|---|---|---|"]

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from scalelab.core.config import add_config_args
 
@@ -75,9 +77,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_report)
 
     p = verbs.add_parser("docs", help="the rollout-infrastructure write-up from a results folder alone")
-    p.add_argument("results_dir", help="folder holding rollout_bench.json, seeds.json, staleness.json, "
-                                       "hacking.json and/or run folders (searched recursively)")
-    p.add_argument("--out", default="docs/grpo.md", help="Markdown file; figures go to figures/ beside it")
+    p.add_argument("results_dir", nargs="?", default="docs/grpo.toml",
+                   help="a docs manifest (.toml; default docs/grpo.toml), or a folder holding rollout_bench.json, "
+                        "seeds.json, staleness.json, hacking.json and/or run folders (searched recursively)")
+    p.add_argument("--out", default=None, help="Markdown file (default: the manifest's `out`, else docs/grpo.md); "
+                                               "figures go to figures/ beside it")
     p.set_defaults(func=_docs)
 
     p = verbs.add_parser("config", help="list every config field with its type, default and help")
@@ -147,8 +151,16 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from scalelab.grpo.docs import write_docs
-    print(f"wrote {write_docs(args.results_dir, args.out)}")
+    from scalelab.core.sections import ManifestError
+    from scalelab.grpo.docs import docs, write_docs
+    try:
+        if args.results_dir.endswith(".toml"):
+            print(f"wrote {docs(args.results_dir, Path(args.out) if args.out else None)}")
+        else:
+            print(f"wrote {write_docs(args.results_dir, args.out or 'docs/grpo.md')}")
+    except (ManifestError, FileNotFoundError) as e:
+        print(f"scalelab: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,5 +1,5 @@
-"""Figure helpers shared by the GRPO report, the studies and the docs: matplotlib's object API on the Agg
-canvas (no pyplot global state, no display needed)."""
+"""Figure helpers shared by the GRPO report, the studies and the docs, on core.figures (matplotlib's object API on
+the Agg canvas; PNGs saved without the version tag, so the same data gives the same bytes)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,32 +7,22 @@ from typing import Any
 
 import numpy as np
 
+from scalelab.core import figures
+
 PHASE_COLORS = {"rollout": "tab:blue", "reward": "tab:orange", "reference": "tab:green", "old_logprob": "tab:olive",
                 "update": "tab:red", "weight_sync": "tab:purple", "eval": "tab:cyan", "other": "tab:gray"}
 
 
 def figure(rows: int = 1, cols: int = 1, height_in: float = 4.2, width_in: float = 8.0) -> tuple[Any, list]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(width_in, height_in * rows), dpi=110)
-    FigureCanvasAgg(fig)
-    return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(rows * cols)]
+    return figures.axes(rows, cols, width_in=width_in, height_in=height_in, dpi=110)
 
 
 def finish(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+    figures.label(ax, xlabel, ylabel, title, legend_fontsize=8)
 
 
 def save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return figures.save(fig, path)
 
 
 def length_histograms(ax: Any, before: np.ndarray, after: np.ndarray, labels: tuple[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""A GRPO run's report, regenerated from its folder alone (DESIGN.md principle 3).
+"""A GRPO run's report, regenerated from its folder alone.
 
     summarize(run_dir) -> ReportData      compute: config.toml + metrics.jsonl (+ predictions.json, results.json,
                                                     eval/summary.json for the held-out pass@1 section)
@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from scalelab.core.numfmt import num
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import GrpoConfig, load_grpo_config
 from scalelab.grpo.plots import PHASE_COLORS, figure, finish, length_histograms, save
@@ -418,7 +419,7 @@ _FORMATS = {"tokens/s": "{:,.1f}", "ms": "{:,.1f}"}
 
 
 def _num(value: float | None, unit: str = "") -> str:
-    return "—" if value is None else _FORMATS.get(unit, "{:.4g}").format(value)
+    return num(value, _FORMATS.get(unit, "{:.4g}"))
 
 
 def _series(d: ReportData, key: str) -> list[float]:
@@ -552,7 +553,7 @@ def render_markdown(d: ReportData) -> str:
 # save
 
 
-def build_report(run_dir: str | Path, rule: DeadZoneRule = DeadZoneRule(),
+def report(run_dir: str | Path, rule: DeadZoneRule = DeadZoneRule(),
                  th: MonitorThresholds = MonitorThresholds()) -> Path:
     """figures/*.png and REPORT.md in the run folder; returns REPORT.md's path."""
     d = summarize(run_dir, rule, th)
@@ -564,3 +565,6 @@ def build_report(run_dir: str | Path, rule: DeadZoneRule = DeadZoneRule(),
     if d.gpu is not None:
         plot_gpu(d, rd.figures / "gpu.png")
     return rd.write_report(render_markdown(d))
+
+
+build_report = report   # the name callers have used

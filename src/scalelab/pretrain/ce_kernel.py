@@ -4,15 +4,14 @@ over the real vocabulary, the row's loss, and the gradient (softmax - one_hot) /
 Each row is read twice (online max/sum-exp, Milakov & Gimelshein 2018; then the gradient) and written once, in
 place, as Liger-Kernel's cross-entropy does (Hsu et al. 2024), so no fp32 copy of the chunk and no separate
 gradient buffer exist. Padded vocab columns get exactly zero gradient and are outside the softmax.
-Measured on an H200 (results/h200/pretrain_variants_round3.json, 124M at B=128, 8 chunks of 16k x 50k): 1.56 ms
-per chunk (~3 TB/s), about the speed torch.compile's own kernels already reached for a bf16 head (+0.5% tokens/s
-with the FP8 head), and ~10 GiB less peak memory (43.5 -> 31.7 GiB with FP8 in the blocks).
+It runs near HBM bandwidth, about the speed torch.compile's own kernels reach for a bf16 head; what it saves is
+peak memory (no fp32 chunk, no gradient buffer).
 
 For an FP8 head (train.loss_kernel = "triton-e5m2") the row kernel only stores each row's log-sum-exp, and a
 tiled kernel reads the logits again and writes the gradient as e5m2 at its static scale, row-major and
 transposed: the layouts cuBLAS's FP8 GEMMs want for d/dh and d/dW. That replaces the in-place bf16 write, the
-cast to e5m2 and its transposed copy, one Inductor kernel of 0.88 ms per 16k x 50k chunk (28 ms of an 877 ms
-step in results/h200/pretrain_profile/profile_fp8row_all_chunks8_b128_tk_fast_biasgemm.json).
+cast to e5m2 and its transposed copy, one Inductor kernel per chunk (bench/gpu_pretrain_profile.py shows its
+share of the step).
 """
 from __future__ import annotations
 
@@ -60,10 +59,8 @@ def _ce_grad_e5m2(logits_ptr, stride, lse_ptr, targets_ptr, g8_ptr, g8t_ptr, row
     |softmax - one_hot| <= 1, so SCALE = E5M2_MAX is a static scale. On the GPU it rounds with the hardware's
     cast (HW): Triton (3.6, sm_90) then recomputes the tile's exp in the transposed store's layout and moves the
     bf16 logits through shared memory instead of the bytes (twice the exps, more registers; bench/
-    triton_kernel_sass.py), yet it is still the faster: timed alone on an H200, 1.82 ms per 16k x 50k chunk at
-    32 x 128 and 4 warps against 2.00 (4 warps) and 2.02 (8 warps) with the integer rounding, 2.20 at the first
-    launch, 64 x 128 and 4 warps (results/h200/pretrain_variants_round6.json, row_kernels). In the trainer the
-    step moved by about 1 ms of the 6.5 that forecast (same file, hw_cast_ablation)."""
+    triton_kernel_sass.py), yet timed alone (bench/gpu_row_kernels.py) it is still the faster, at a 32 x 128 tile
+    and 4 warps; in the trainer the step moves by less than that time alone forecasts."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     c = tl.program_id(1) * BV + tl.arange(0, BV)
     inside = (r[:, None] < rows) & (c[None, :] < PADDED)

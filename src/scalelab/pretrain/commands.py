@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from scalelab.core.config import add_config_args
@@ -52,9 +53,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="run folder")
     p.set_defaults(func=_report)
 
-    p = verbs.add_parser("docs", help="generate the pretraining write-up from the committed results files")
-    p.add_argument("--out", default="docs/pretrain.md", help="Markdown file; figures go to figures/ beside it")
-    p.add_argument("--repo", default=".", help="repository root holding results/ and configs/ (default: .)")
+    p = verbs.add_parser("docs", help="generate the pretraining write-up from the result folders a docs manifest "
+                                      "names")
+    p.add_argument("manifest", nargs="?", default="docs/pretrain.toml",
+                   help="docs manifest (default: docs/pretrain.toml); its `out` is the Markdown file")
+    p.add_argument("--out", default=None, help="deprecated: the manifest's `out` names the Markdown file")
+    p.add_argument("--repo", default=".", help="repository root the manifest's paths are relative to (default: .)")
     p.set_defaults(func=_docs)
 
     p = verbs.add_parser("config", help="list every config field with its type, default and help")
@@ -175,8 +179,14 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from scalelab.pretrain.docs import write_docs
-    print(write_docs(Path(args.repo), Path(args.out)))
+    from scalelab.core.sections import ManifestError
+    from scalelab.pretrain.docs import docs
+    manifest = Path(args.repo) / args.manifest
+    try:
+        print(docs(manifest, Path(args.out) if args.out else None))
+    except ManifestError as e:
+        print(f"scalelab: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -2,9 +2,9 @@
 
 From pageable host memory, CUDA synchronizes the stream before a host-to-device copy (the CUDA runtime API's
 "API synchronization behavior"), so every micro-batch copied that way waits for all the GPU work queued before it,
-and the GPU then idles while the host launches the next forward. A profile of the 124M recipe at B=256 on an H200
-(results/h200/pretrain_profile/profile_fp8row_all_chunks16_b256_tk8_fast_mk_gk_tuned.json) shows these waits: about
-1.2-1.6 ms of idle GPU after each copy, and 3.5-7.5 ms at each step's start while the host cut the first batch.
+and the GPU then idles while the host launches the next forward. A profile of the recipe
+(bench/gpu_pretrain_profile.py) shows these waits: idle GPU after each copy, and more at each step's start while
+the host cuts the first batch.
 
 Here each batch goes through pinned memory (PyTorch's caching host allocator keeps a pinned block until the copy
 out of it has run, so the asynchronous copy is safe), and the next batch is cut and queued while the GPU still

@@ -1,8 +1,8 @@
-"""docs/pretrain.md, generated from the committed results files (and the CPU demo run when it is on disk).
+"""docs/pretrain.md, generated from the result folders a docs manifest (docs/pretrain.toml) names.
 
-    load_inputs(repo) -> DocInputs      read: results/h200/*.json, the recipe config, runs/pretrain/tiny-cpu
+    load_inputs(manifest) -> DocInputs  read: the calibration, the scaling runs, the rounds, the loss runs, the recipe
     render(d) -> str                    compute + render: one function per section, numbers only from the inputs
-    write_docs(repo, out) -> Path       save: the Markdown and its figures under docs/figures/
+    docs(manifest) -> Path              save: the Markdown and its figures under figures/ beside it
 """
 from __future__ import annotations
 
@@ -11,69 +11,75 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from scalelab.core import figures
 from scalelab.core.hardware import get_hardware
 from scalelab.core.jsonio import read_json
+from scalelab.core.numfmt import pct as _pct
+from scalelab.core.numfmt import signed_pct as _signed
+from scalelab.core.numfmt import thousands as _k
+from scalelab.core.sections import Manifest, ManifestError, read_manifest, write_doc
 from scalelab.pretrain import calibrate as cal
 from scalelab.pretrain import docs_loss, docs_speed
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
-from scalelab.pretrain.docs_speed import thousands as _k
 from scalelab.pretrain.predict import workload
+from scalelab.pretrain.rounds import Rounds, load_round
+from scalelab.pretrain.train_gpt import lr_at
 
-CALIBRATION = "results/h200/pretrain_predictor_calibration.json"
-S1 = "results/h200/pretrain_124m_1gpu_ddp_fsdp2.json"
-S2 = "results/h200/pretrain_124m_fsdp2_mixed_precision.json"
-VARIANTS = "results/h200/pretrain_recipe_variants.json"
-LADDER = "results/h200/scaling_ladder.json"
-VARIANTS2 = "results/h200/pretrain_variants_round2.json"
-RECIPE = "configs/pretrain/gpt2-124m-fineweb-edu.toml"
-DEMO = "runs/pretrain/tiny-cpu"
 FIGURES = "figures"                 # beside the Markdown file
 
 
 @dataclass(frozen=True)
 class DocInputs:
     calibration: dict
-    session1: dict
-    session2: dict
-    variants: dict
+    ddp: dict                       # 1 GPU against 2 with DDP and FSDP2 (whole-model compile)
+    fsdp2: dict                     # FSDP2 with the bf16 MixedPrecisionPolicy
+    rounds: Rounds                  # the recipe-variant rounds, in the manifest's order; the first holds the goal
     ladder: dict | None             # absent until bench/gpu_scaling_ladder.sh ran
     ttt: dict | None                # bench/gpu_pretrain_ttt.sh's results, when committed
-    variants2: dict | None          # the second round of throughput variants, when committed
-    variants3: dict | None          # the third round, with its profiles (docs_speed.load)
-    variants4: dict | None          # the fourth round, with its profiles and GEMM table
-    variants5: dict | None          # the fifth round: its kernels against their forecast, the B=256 recipe
-    variants6: dict | None          # the sixth round: quality on equal val tokens, the tuned launches' profile
-    variants7: dict | None          # the seventh round: the batch loader, the bf16 residual stream
     forecast: dict | None           # bench/pretrain_kernel_forecast.py: the next kernels' step time, before running
     recipe: PretrainConfig
+    recipe_path: str                # as the manifest names it (printed)
+    demo_path: str                  # the CPU demo's run folder, as the manifest names it (printed)
     demo: dict | None               # the CPU demo's results.json, when the run folder exists
     figures: tuple[tuple[str, str], ...] = ()   # (name, relative path) written beside the Markdown
 
+    @property
+    def variants(self) -> dict:
+        """The first round: the goal, its variant table and the first quality check."""
+        return self.rounds.get("goal")
 
-def load_inputs(repo: Path) -> DocInputs:
-    optional = lambda rel: read_json(repo / rel) if (repo / rel).is_file() else None  # noqa: E731
-    return DocInputs(calibration=read_json(repo / CALIBRATION),
-                     session1=read_json(repo / S1), session2=read_json(repo / S2),
-                     variants=read_json(repo / VARIANTS), ladder=optional(LADDER), ttt=optional(docs_loss.TTT),
-                     variants2=optional(VARIANTS2), variants3=docs_speed.load(repo),
-                     variants4=docs_speed.load(repo, docs_speed.VARIANTS4),
-                     variants5=docs_speed.load(repo, docs_speed.VARIANTS5),
-                     variants6=docs_speed.load(repo, docs_speed.VARIANTS6),
-                     variants7=docs_speed.load(repo, docs_speed.VARIANTS7), forecast=optional(docs_speed.FORECAST),
-                     recipe=load_pretrain_config(repo / RECIPE),
-                     demo=optional(f"{DEMO}/results.json"))
+
+def _results(m: Manifest, *keys: str, required: bool = True) -> dict | None:
+    """The results.json of the folder the manifest names under keys; a missing optional one is None."""
+    rel = m.require(*keys) if required else m.get(*keys)
+    path = None if rel is None else m.path_of(rel) / "results.json"
+    if path is None or not path.is_file():
+        if required:
+            raise ManifestError(f"{m.path}: {'.'.join(keys)} = {rel}: no results.json there")
+        return None
+    return read_json(path)
+
+
+def _rounds(m: Manifest) -> Rounds:
+    entries = m.require("speed", "rounds")
+    return Rounds(tuple(load_round(m.root, m.path_of(e["path"]), str(e["name"]), e["kind"]) for e in entries))
+
+
+def load_inputs(manifest: Manifest | str | Path) -> DocInputs:
+    m = manifest if isinstance(manifest, Manifest) else read_manifest(manifest, job="pretrain")
+    demo = m.get("demo", default="runs/pretrain/tiny-cpu")
+    demo_results = m.path_of(demo) / "results.json"
+    return DocInputs(calibration=_results(m, "calibration", "path"), ddp=_results(m, "scaling", "ddp"),
+                     fsdp2=_results(m, "scaling", "fsdp2"), rounds=_rounds(m),
+                     ladder=_results(m, "loss", "ladder", required=False),
+                     ttt=_results(m, "loss", "ttt", required=False),
+                     forecast=_results(m, "speed", "forecast", required=False),
+                     recipe=load_pretrain_config(m.path_of(m.require("recipe"))), recipe_path=m.require("recipe"),
+                     demo_path=demo, demo=read_json(demo_results) if demo_results.is_file() else None)
 
 
 # ---------------------------------------------------------------------------------------------
 # formatting
-
-
-def _pct(x: float, digits: int = 1) -> str:
-    return f"{100 * x:.{digits}f}%"
-
-
-def _signed(x: float) -> str:
-    return f"{100 * x:+.1f}%"
 
 
 def _ref(d: DocInputs, key: str) -> float:
@@ -89,8 +95,9 @@ def _intro(d: DocInputs) -> list[str]:
     t, m = s["tokens_per_s"], s["peak_memory_gib"]
     ttt = next(x for x in c["time_to_target"] if x["bar"] == "llmc_tokens")
     return ["# Pretraining GPT-2 at GPU speed: predicted, then measured", "",
-            "*Generated by `scalelab pretrain docs` from `results/h200/*.json`, "
-            f"`{RECIPE}`, the hardware table and (when on disk) the CPU demo run; every number is read from them.*",
+            "*Generated by `scalelab pretrain docs docs/pretrain.toml` from the result folders it names, "
+            f"`{d.recipe_path}`, the hardware table and (when on disk) the CPU demo run; every number is read from "
+            "them.*",
             "",
             f"`scalelab pretrain predict` now runs on a calibrated model: two constants for throughput and two for "
             f"memory, fitted on {len(c['fitted_on'])} one-GPU H200 runs and scored on {t['held_out']} runs it never "
@@ -106,7 +113,7 @@ def _intro(d: DocInputs) -> list[str]:
 
 
 def _latest(d: DocInputs) -> dict:
-    return d.variants7 or d.variants6 or d.variants5 or d.variants4 or d.variants3 or d.variants2 or d.variants
+    return d.rounds.latest()
 
 
 def _speed_verdict(d: DocInputs) -> str:
@@ -167,20 +174,28 @@ def _calibration_notes(d: DocInputs) -> list[str]:
             f"the form's physics rather than being a blind test (now {_signed(abl['as used']['error_350m'])}). "
             "2-GPU rows are predicted as 1-GPU work, so their errors are the second GPU's measured cost. FSDP2 "
             f"memory is {_signed(fsdp - 1)} high: its bf16 residual stream is not modelled. Not scored: "
-            + "; ".join(dict.fromkeys(e["reason"].split(":")[0] for e in c["excluded"])) + ". " + _variants_scored(c),
+            + "; ".join(dict.fromkeys(e["reason"].split(":")[0] for e in c["excluded"])) + ". " + _variants_scored(d),
             "", f"H100: {c['transfer']['h100-sxm']} ({get_hardware('h200').hbm_tb_s:g} TB/s on H200, "
             f"{get_hardware('h100-sxm').hbm_tb_s:g} on H100)."]
 
 
-def _variants_scored(c: dict) -> str:
+def _scored_rounds(d: DocInputs) -> str:
+    """The rounds after the first, whose runs the calibration scores against predict's intervals."""
+    return d.rounds.names(*(r.kind for r in d.rounds.rounds[1:]))
+
+
+def _variants_scored(d: DocInputs) -> str:
+    c = d.calibration
     s = c.get("variants_scored", {}).get("summary")
     if not s:
         return ""
     fits = " ".join(f"The {f['family']} recipe family (per-row FP8) has its own u = {f['mfu_matmul']:.3f} "
-                    f"({len(f['fitted_on'])} runs of rounds 4-5): {_held_out_within(c, f['family'])} later runs "
+                    f"({len(f['fitted_on'])} runs of rounds {d.rounds.names('fp8-row', 'row-kernels')}): "
+                    f"{_held_out_within(c, f['family'])} later runs "
                     f"within ±10% (worst {_pct(f['tokens_per_s_rel'])})." for f in c.get("recipe_fits", []))
     return (f"{fits} Against `predict`'s intervals (calibrated for bf16 and that family, else priors), "
-            f"{s['runs']} recipe-variant runs of rounds 2-7: {s['peak_memory_gib_inside']} inside in memory, "
+            f"{s['runs']} recipe-variant runs of rounds {_scored_rounds(d)}: {s['peak_memory_gib_inside']} inside in "
+            "memory, "
             f"{s['tokens_per_s_inside']} in tokens/s.")
 
 
@@ -224,12 +239,9 @@ def _predictions(d: DocInputs) -> list[str]:
 
 def _variant_rounds(d: DocInputs) -> list[tuple[str, dict]]:
     """(round, {variant: record}) per measurement call; each call's ratios are to the plain run beside it."""
-    rounds = [("1", d.variants["variants"])]
-    for rnd, doc in (("2", d.variants2), ("3", d.variants3), ("4", d.variants4), ("5", d.variants5),
-                     ("6", d.variants6), ("7", d.variants7)):
-        if doc is not None:
-            rounds += [(rnd, call["variants"]) for call in doc["calls"].values()]
-    return rounds
+    first, *later = d.rounds.rounds
+    return [(first.name, first.doc["variants"])] + [(r.name, call["variants"]) for r in later
+                                                    for call in r.doc["calls"].values()]
 
 
 def _variants(d: DocInputs) -> list[str]:
@@ -250,18 +262,22 @@ def _variants(d: DocInputs) -> list[str]:
             f"Quality: `{q['variant_sets']}` trained side by side with plain to {tokens / 1e6:.1f}M tokens (same "
             f"seed and data order) ends {q['final_val_diff']:+.4f} off in val loss; the chunked loss computes the "
             "same loss exactly.", "",
-            *docs_speed.quality_sentence(d.variants3, d.variants4, d.variants5, d.variants6, d.variants7),
-            f"**Verdict: {_latest(d)['verdict']}.**", "", *(_next_steps(d) if d.variants7 is None else []),
-            *docs_speed.profile_section(d.variants3, d.variants4, d.forecast, d.variants5, d.variants6, d.variants7)]
+            *docs_speed.quality_sentence(d.rounds),
+            f"**Verdict: {_latest(d)['verdict']}.**", "",
+            *(_next_steps(d) if d.rounds.get("loader-bf16res") is None else []),
+            *docs_speed.profile_section(d.rounds, d.forecast)]
 
 
 def _variants_notes(d: DocInputs) -> list[str]:
-    if d.variants2 is None:
+    more = d.rounds.get("variants")
+    if more is None:
         return []
-    calls = d.variants2["calls"].values()
+    calls = more["calls"].values()
     skipped = [f"`{k}`: not measured, still compiling when cut off ({v['autotune_benchmark_s']:.0f} s of kernel "
                "benchmarking by then)" for c in calls for k, v in c.get("not_finished", {}).items()]
-    since = "; combined since the third round, whose chunked head runs FP8 itself" if d.variants3 else ""
+    fp8 = d.rounds.round("fp8-tensor")
+    since = (f"; combined since the {docs_speed._ordinal(fp8.name)} round, whose chunked head runs FP8 itself"
+             if fp8 else "")
     refused = [f"`{k}`: refused by config validation ({v.split(': ', 1)[-1].split(',')[0]}{since})"
                for c in calls for k, v in c.get("rejected", {}).items()]
     return [*(f"- {x}" for x in skipped + refused), ""]
@@ -286,11 +302,11 @@ def _next_steps(d: DocInputs) -> list[str]:
             "term." + (" Left to try: FP8 forward GEMMs with fast accumulation (`train.fp8_fast_accum`, built, not "
                         "yet measured), a fused linear + cross-entropy kernel (llm.c's fused classifier), row-wise "
                         "FP8 scales (torchao float8), an autotuned compile given the minutes it needs."
-                        if d.variants3 is None else ""), ""]
+                        if d.rounds.get("fp8-tensor") is None else ""), ""]
 
 
 def _scaling(d: DocInputs) -> list[str]:
-    s1, s2 = d.session1, d.session2
+    s1, s2 = d.ddp, d.fsdp2
     ddp, fsdp = s1["scaling_efficiency_2gpu"]["ddp"], s2["scaling_efficiency_2gpu_vs_earlier_1gpu_whole_compile"]
     one, two = s1["runs"]["1gpu"], s1["runs"]["ddp"]
     return ["## One GPU to two", "",
@@ -309,7 +325,7 @@ def _recipe(d: DocInputs) -> list[str]:
     b_crit = _ref(d, "kaplan_b_star_tokens") / _ref(d, "target_val_loss") ** (1 / _ref(d, "kaplan_alpha_b"))
     accum = ", ".join(f"{cfg.grad_accum(w)} on {w} GPU{'s' * (w > 1)}" for w in (8, 2, 1))
     return ["## The full-scale recipe and why", "",
-            f"`{RECIPE}` is llm.c's GPT-2 124M recipe, which is what makes its token count apply.", "",
+            f"`{d.recipe_path}` is llm.c's GPT-2 124M recipe, which is what makes its token count apply.", "",
             f"- **Batch: {step:,} tokens per step**, GPT-3's {_ref(d, 'gpt3_125m_batch_tokens') / 1e6:.1f}M for "
             f"125M (Brown et al. 2020, Table 2.1). Kaplan et al. (2020, sec. 5.1) put the critical batch at "
             f"B* / L^(1/α_B) = {b_crit / 1e6:.2f}M tokens at L = {_ref(d, 'target_val_loss')}: the batch sits just "
@@ -349,9 +365,9 @@ def _loss_curve(d: DocInputs) -> list[str]:
              *_figure_line(d, "quality", "val loss vs tokens, plain vs cuDNN attention + FP8, one H200"), ""]
     if d.demo is None:
         return lines + [f"The CPU demo's curve is made by `scalelab pretrain prepare` then `scalelab pretrain "
-                        f"train --config configs/pretrain/tiny-cpu.toml` ({DEMO}/figures/loss.png).", ""]
+                        f"train --config configs/pretrain/tiny-cpu.toml` ({d.demo_path}/figures/loss.png).", ""]
     r = d.demo
-    return lines + [f"The CPU demo ({DEMO}, {r['n_params'] / 1e6:.1f}M parameters, {r['tokens']:,} tokens): "
+    return lines + [f"The CPU demo ({d.demo_path}, {r['n_params'] / 1e6:.1f}M parameters, {r['tokens']:,} tokens): "
                     f"val loss {r['final_val_loss']:.2f} against the unigram baseline's {r['unigram_val_loss']:.2f} "
                     f"on the same val tokens, at {r['tokens_per_s']:.0f} tokens/s on two CPU cores for "
                     f"${r['cost']['cost_usd']:.3f}.", "",
@@ -383,7 +399,7 @@ def _cost(d: DocInputs) -> list[str]:
 
 
 def _not_measured(d: DocInputs) -> list[str]:
-    ladder = ("the scaling-law ladder: `bench/gpu_scaling_ladder.sh` writes `results/h200/scaling_ladder.json`, "
+    ladder = ("the scaling-law ladder: `bench/gpu_scaling_ladder.sh` writes the ladder's results folder, "
               "and `predict` then fits L(N, D) on it for runs on the same data; until then every loss above is the "
               "Chinchilla prior" if d.ladder is None or not d.ladder.get("law") else
               ("" if d.calibration.get("loss_ladder", {}).get("checks") else "a 350M run on the ladder's data to "
@@ -416,25 +432,17 @@ def render(d: DocInputs) -> str:
 
 
 def _figure():
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(7, 4), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = figures.figure(7, 4, dpi=100)
     return fig, fig.add_subplot(1, 1, 1)
 
 
 def _save(fig, ax, xlabel: str, ylabel: str, path: Path) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
+    figures.label(ax, xlabel, ylabel)
+    figures.save(fig, path)
 
 
-def make_figures(d: DocInputs, repo: Path, fig_dir: Path) -> tuple[tuple[str, str], ...]:
+def make_figures(d: DocInputs, demo_dir: Path, fig_dir: Path) -> tuple[tuple[str, str], ...]:
     """The recipe's LR schedule, the quality-check val curves, and a copy of the CPU demo's loss figure."""
-    from scalelab.pretrain.train_gpt import lr_at
     fig_dir.mkdir(parents=True, exist_ok=True)
     fig, ax = _figure()
     steps = range(0, d.recipe.train.max_steps, 10)
@@ -450,16 +458,17 @@ def make_figures(d: DocInputs, repo: Path, fig_dir: Path) -> tuple[tuple[str, st
     made = [("lr", f"{FIGURES}/pretrain_recipe_lr.png"), ("quality", f"{FIGURES}/pretrain_quality_val_loss.png")]
     made += [(name, f"{FIGURES}/{file}") for name, file in
              docs_loss.make_figures(d.ttt, d.ladder, d.calibration.get("loss_ladder"), fig_dir, _figure, _save)]
-    demo = repo / DEMO / "figures" / "loss.png"
+    demo = demo_dir / "figures" / "loss.png"
     if d.demo is not None and demo.is_file():
         shutil.copyfile(demo, fig_dir / "pretrain_tiny_cpu_loss.png")
         made.append(("demo", f"{FIGURES}/pretrain_tiny_cpu_loss.png"))
     return tuple(made)
 
 
-def write_docs(repo: Path, out: Path) -> Path:
-    d = load_inputs(repo)
-    figures = make_figures(d, repo, out.parent / FIGURES)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(replace(d, figures=figures)))
-    return out
+def docs(manifest: str | Path, out: Path | None = None) -> Path:
+    """docs/pretrain.md (the manifest's `out`, or `out`) and its figures, from the result folders the manifest
+    names."""
+    m = read_manifest(manifest, job="pretrain")
+    d, out = load_inputs(m), out or m.out
+    figs = make_figures(d, m.path_of(d.demo_path), out.parent / FIGURES)
+    return write_doc(render(replace(d, figures=figs)), out)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-TTT = "results/h200/pretrain_time_to_target.json"
+from scalelab.pretrain.scaling_law import ScalingLaw
+
 FigureLine = Callable[[str, str], list[str]]   # (figure name, caption) -> Markdown lines
 
 
@@ -138,7 +139,6 @@ def make_figures(ttt: dict | None, ladder: dict | None, check: dict | None, fig_
         save(fig, ax, "training seconds (one H200)", "val loss (nats/token)", fig_dir / "pretrain_ttt.png")
         made.append(("ttt", "pretrain_ttt.png"))
     if ladder and check:
-        from scalelab.pretrain.scaling_law import ScalingLaw
         law = ScalingLaw(**check["law"])
         fig, ax = new_figure()
         for n in sorted({p["n_params"] for p in ladder["points"]}):

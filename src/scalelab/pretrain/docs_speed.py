@@ -1,39 +1,20 @@
 """docs/pretrain.md's speed reading: where a training step's GPU time goes (the committed profiles of
-bench/gpu_pretrain_profile.py, the GEMM table of bench/gpu_fp8_gemm.py), what the third to sixth rounds' fastest
-recipes kept of the loss, how the fifth round's kernels met their forecast, what the sixth round's tuning moved and
-what the seventh round's loader and bf16 residual stream did against their forecasts.
-Numbers come only from results/h200/pretrain_variants_round{3,4,5,6,7}.json, the forecast, and the files they name."""
+bench/gpu_pretrain_profile.py, the GEMM table of bench/gpu_fp8_gemm.py), what the later rounds' fastest recipes kept
+of the loss, how the fused row kernels met their forecast, what the tuned launches moved and what the batch loader and
+the bf16 residual stream did against their forecasts. Numbers come only from the rounds the docs manifest lists
+(pretrain/rounds.py, by kind), the kernel forecast, and the files they name."""
 from __future__ import annotations
 
-from pathlib import Path
+from scalelab.core.numfmt import thousands
+from scalelab.pretrain.rounds import Rounds
 
-from scalelab.core.jsonio import read_json
-
-VARIANTS3 = "results/h200/pretrain_variants_round3.json"
-VARIANTS4 = "results/h200/pretrain_variants_round4.json"
-VARIANTS5 = "results/h200/pretrain_variants_round5.json"
-VARIANTS6 = "results/h200/pretrain_variants_round6.json"
-VARIANTS7 = "results/h200/pretrain_variants_round7.json"
-FORECAST = "results/h200/pretrain_kernel_forecast.json"
 HEAD_ONLY = "cudnn-fp8-head-chunks8-b128-tk"  # FP8 in the chunked head only: what FP8 in the blocks adds
+_ORDINALS = ("zeroth", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
 
 
-def load(repo: Path, rel: str = VARIANTS3) -> dict | None:
-    """A round's results with each named file's content under <entry>.summary (profiles, the GEMM table);
-    None before the round exists."""
-    path = repo / rel
-    if not path.is_file():
-        return None
-    doc = read_json(path)
-    for entry in [*doc["profiles"].values(), doc.get("gemm")]:
-        if isinstance(entry, dict) and "file" in entry:
-            entry["summary"] = read_json(repo / entry["file"])
-    return doc
-
-
-def thousands(x: float) -> str:
-    """A count as docs/pretrain.md writes it: 578k, 1.23M."""
-    return f"{x / 1e3:,.0f}k" if x < 1e6 else f"{x / 1e6:,.2f}M"
+def _ordinal(name: str) -> str:
+    """A round's name as an ordinal word ('3' -> 'third'); other names are printed as given."""
+    return _ORDINALS[int(name)] if name.isdigit() and int(name) < len(_ORDINALS) else f"{name}"
 
 
 def _profiles(v3: dict) -> list[dict]:
@@ -55,21 +36,24 @@ def _profile_table(*docs: dict | None) -> list[str]:
     return rows
 
 
-def profile_section(v3: dict | None, v4: dict | None = None, forecast: dict | None = None,
-                    v5: dict | None = None, v6: dict | None = None, v7: dict | None = None) -> list[str]:
+def profile_section(r: Rounds, forecast: dict | None = None) -> list[str]:
+    v3, v4 = r.get("fp8-tensor"), r.get("fp8-row")
+    v5, v6, v7 = r.get("row-kernels"), r.get("tuned-launches"), r.get("loader-bf16res")
     doc = v4 or v3
     if doc is None:
         return []
-    later = [v for v in (v5, v6, v7) if v and v4]
-    busy = min(p["summary"]["gpu_busy_fraction"] for d in (doc, *later) for p in _profiles(d))
-    rounds = f"s 4-{4 + len(later)}" if later else (" 4" if v4 else " 3")
+    later = [(k, v) for k, v in (("row-kernels", v5), ("tuned-launches", v6), ("loader-bf16res", v7)) if v and v4]
+    busy = min(p["summary"]["gpu_busy_fraction"] for d in (doc, *(v for _, v in later)) for p in _profiles(d))
+    rounds = (f"s {r.name('fp8-row')}-{r.name(later[-1][0])}" if later
+              else f" {r.name('fp8-row' if v4 else 'fp8-tensor')}")
     return ["### Where the step goes", "",
             f"Two profiled steps per recipe (`bench/gpu_pretrain_profile.py`, round{rounds}; `triton`: "
-            "Inductor's fused kernels):", "", *_profile_table(doc, *later), "",
+            "Inductor's fused kernels):", "", *_profile_table(doc, *(v for _, v in later)), "",
             f"The GPU is busy ≥ {100 * busy:.1f}% of the wall clock: the host is not the limit. "
             + (_reading4(v4, forecast, tail=v5 is None, goal=v6 is None) if v4 else _reading3(v3)), "",
-            *(_reading5(v5) if v5 and v4 else []), *(_reading6(v5, v6) if v5 and v6 and v4 else []),
-            *(_reading7(v7) if v7 and v6 else [])]
+            *(_reading5(v5, r.name("row-kernels")) if v5 and v4 else []),
+            *(_reading6(v5, v6, r.name("tuned-launches")) if v5 and v6 and v4 else []),
+            *(_reading7(v7, r.name("loader-bf16res")) if v7 and v6 else [])]
 
 
 def _reading3(v3: dict) -> str:
@@ -89,7 +73,8 @@ def _goal(doc: dict) -> str:
 
 
 def _reading4(v4: dict, forecast: dict | None, tail: bool = True, goal: bool = True) -> str:
-    """Round 4's profiles; `tail`: then what is left, or the forecast for the next kernels (until they ran);
+    """The per-row FP8 round's profiles; `tail`: then what is left, or the forecast for the next kernels (until they
+    ran);
     `goal`: the step time the goal needs (until a later verdict states it)."""
     prof = v4["profiles"]
     head, before, after = (prof[k]["summary"] for k in ("call2_head", "call2_row", "call3_row"))
@@ -131,13 +116,13 @@ def _mk_gain(v4: dict) -> float:
     return variants[v4["best"]["variant"]]["tokens_per_s"] / variants[v4["best"]["variant"][:-3]]["tokens_per_s"]
 
 
-def _reading5(v5: dict) -> list[str]:
-    """The fifth round's kernels against their forecast, and the launch shapes timed alone."""
+def _reading5(v5: dict, name: str) -> list[str]:
+    """The fused row kernels against their forecast, and the launch shapes timed alone."""
     rows = list(v5["forecast_check"]["rows"].values())
     got = ", ".join(f"{r['measured_saving_ms']:.0f}" for r in rows)
     want = ", ".join(f"{r['forecast_saving_ms'][0]:.0f}–{r['forecast_saving_ms'][2]:.0f}" for r in rows)
     k = v5["row_kernels"]["kernels"]
-    return [f"Round 5's kernels (`-tk8`: the loss kernel writes the e5m2 logit gradient; `-gk`: GELU and its "
+    return [f"Round {name}'s kernels (`-tk8`: the loss kernel writes the e5m2 logit gradient; `-gk`: GELU and its "
             f"gradient fused with their row casts) saved {got} ms/step (each, then both) against {want} "
             f"forecast: alone (`bench/gpu_row_kernels.py`), the e5m2 kernel moves "
             f"{k['loss e5m2 tile 64x128 w4']['tb_per_s']:.1f} TB/s, not the bf16 kernel's 3.2, and GELU at 8 warps "
@@ -146,20 +131,20 @@ def _reading5(v5: dict) -> list[str]:
             "GEMM operands.", ""]
 
 
-def _reading6(v5: dict, v6: dict) -> list[str]:
-    """What the sixth round's tuning moved: the tuned launches in the profile, the hardware-cast loss tile (A/B)."""
+def _reading6(v5: dict, v6: dict, name: str) -> list[str]:
+    """What the launch tuning moved: the tuned launches in the profile, the hardware-cast loss tile (A/B)."""
     before, after = (next(iter(_profiles(v)))["summary"] for v in (v5, v6))
     kinds = [(k, before["ms_per_step_by_kind"][k], after["ms_per_step_by_kind"][k]) for k in ("gelu kernel",
                                                                                                 "loss kernel", "gemm")]
     moved = ", ".join(f"{k} {a:.0f} → {b:.0f}" for k, a, b in kinds)
     hw = v6["hw_cast_ablation"]
-    return [f"Round 6, at the tuned launches: {moved} ms (another GPU). The hardware-cast loss tile, forecast "
+    return [f"Round {name}, at the tuned launches: {moved} ms (another GPU). The hardware-cast loss tile, forecast "
             f"from its time alone to save {hw['forecast_saving_ms']:.1f} ms/step, saved "
             f"{hw['measured_saving_ms']:.1f} in an A/B on one GPU.", ""]
 
 
-def _reading7(v7: dict) -> list[str]:
-    """The seventh round: the batch loader and the bf16 residual stream against their forecasts; the GPUs' spread."""
+def _reading7(v7: dict, name: str) -> list[str]:
+    """The batch loader and the bf16 residual stream against their forecasts; the GPUs' spread."""
     lv, bf = v7["loader_vs_forecast"], v7["bf16res_vs_forecast"]
     idle = list(lv["idle_by_batch_copies_ms"].values())
     saved = sorted(bf["measured_saving_ms"].values())
@@ -167,7 +152,7 @@ def _reading7(v7: dict) -> list[str]:
     plains = [r["tokens_per_s"] for n, r in runs if n == "plain"]
     recipe = [r["tokens_per_s"] for _, r in runs if r.get("sets", "").endswith("train.fp8_gelu_kernel=true")]
     mem = bf["peak_memory_gib"]
-    return [f"Round 7: a pinned one-ahead batch loader (`train.batch_prefetch`) cut the idle time around batch "
+    return [f"Round {name}: a pinned one-ahead batch loader (`train.batch_prefetch`) cut the idle time around batch "
             f"copies from {idle[0]:.1f} to {idle[1]:.2f} ms/step but the step by "
             f"{lv['measured_saving_ms']['recipe']:.1f} ms (forecast {lv['forecast_saving_ms'][0]:.1f}–"
             f"{lv['forecast_saving_ms'][1]:.1f}). A bf16 residual stream (`train.residual_dtype=\"compute\"`, as "
@@ -179,22 +164,25 @@ def _reading7(v7: dict) -> list[str]:
             f"{thousands(min(recipe))}–{thousands(max(recipe))}.", ""]
 
 
-def quality_sentence(v3: dict | None, v4: dict | None = None, v5: dict | None = None,
-                     v6: dict | None = None, v7: dict | None = None) -> list[str]:
-    if v5 and v6:  # the sixth round reran the check on equal val tokens; the seventh checked its bf16 stream so
-        return _quality6(v6, [d["quality"]["final_val_diff"] for d in (v3, v4) if d]
-                         + [v5["quality"]["final_val_diff_as_measured"]], v7)
-    if v5:  # the fifth round found these checks scored different val tokens: one reading for all three
-        return _quality5(v5, [d["quality"]["final_val_diff"] for d in (v3, v4) if d])
+def quality_sentence(r: Rounds) -> list[str]:
+    v3, v4, v5 = r.get("fp8-tensor"), r.get("fp8-row"), r.get("row-kernels")
+    v6, v7 = r.get("tuned-launches"), r.get("loader-bf16res")
+    if v5 and v6:  # the tuned round reran the check on equal val tokens; the loader round checked its bf16 stream so
+        return _quality6(r, [d["quality"]["final_val_diff"] for d in (v3, v4) if d]
+                         + [v5["quality"]["final_val_diff_as_measured"]])
+    if v5:  # the row-kernel round found these checks scored different val tokens: one reading for all three
+        return _quality5(r, [d["quality"]["final_val_diff"] for d in (v3, v4) if d])
     out = []
-    for rnd, doc, why in (("third", v3, "the Triton loss kernel writes the gradient over the logits, and the logit "
-                                        "gradient takes a static e5m2 scale, since |softmax − one_hot|/N ≤ 1/N"),
-                          ("fourth", v4, "per-row scales give each token its own range")):
+    for kind, doc, why in (("fp8-tensor", v3, "the Triton loss kernel writes the gradient over the logits, and the "
+                                              "logit gradient takes a static e5m2 scale, since |softmax − one_hot|/N "
+                                              "≤ 1/N"),
+                           ("fp8-row", v4, "per-row scales give each token its own range")):
         if doc is None:
             continue
         q, best = doc["quality"], doc["best"]
         tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
-        out += [f"The {rnd} round's fastest, `{best['variant']}` ({thousands(best['tokens_per_s'])} tokens/s, "
+        out += [f"The {_ordinal(r.name(kind))} round's fastest, `{best['variant']}` "
+                f"({thousands(best['tokens_per_s'])} tokens/s, "
                 f"{best['speedup_vs_plain']:.3f}x), trained beside plain to {tokens / 1e6:.1f}M tokens, ends "
                 f"{q['final_val_diff']:+.4f} off in val loss (within 0.02: {'yes' if q['within_0.02'] else 'no'}), "
                 f"at {q['peak_memory_gib']['variant']:.0f} GiB against {q['peak_memory_gib']['plain']:.0f}: {why}.",
@@ -202,31 +190,42 @@ def quality_sentence(v3: dict | None, v4: dict | None = None, v5: dict | None = 
     return out
 
 
-def _quality5(v5: dict, earlier: list[float]) -> list[str]:
-    """The B=128/256 quality checks (rounds 3-5), and why they do not yet compare like with like."""
+def _quality5(r: Rounds, earlier: list[float]) -> list[str]:
+    """The B=128/256 quality checks (FP8 rounds to the row kernels), and why they do not yet compare like with like."""
+    v5 = r.get("row-kernels")
     q = v5["quality"]
     shift = q["subset_shift_estimate"]["value"]
     moved = [d for n, d in v5["quality_ablation"]["final_val_diff_vs_tk"].items() if n != "tk"]
     diffs = ", ".join(f"{x:+.4f}" for x in [*earlier, q["final_val_diff_as_measured"]])
-    return [f"The fastest recipes of rounds 3-5 ended {diffs} off plain. These checks scored plain (B=64) and the "
+    return [f"The fastest recipes of rounds {_fp8_rounds(r)} ended {diffs} off plain. These checks scored plain "
+            "(B=64) and the "
             "B=128/256 recipes on different val prefixes: the trainer read val in B·T strides, now fixed "
             "(`shards.ValWindows`). A train-unigram proxy (`bench/val_subset_shift.py`) "
             f"prices the B=256 prefix at {shift:+.3f}, leaving {q['final_val_diff_estimated_same_tokens']:+.3f} for "
-            f"the recipe; at equal B the round-5 kernels move the loss by {min(moved):+.3f} to {max(moved):+.3f}. "
+            f"the recipe; at equal B the round-{r.name('row-kernels')} kernels move the loss by {min(moved):+.3f} to "
+            f"{max(moved):+.3f}. "
             "Quality is unproven until rerun on equal tokens.", ""]
 
 
-def _quality6(v6: dict, earlier: list[float], v7: dict | None = None) -> list[str]:
-    """The B=128/256 quality checks of rounds 3-5 (unequal val tokens), the sixth round's rerun on equal ones, and
-    the seventh's check of the bf16 residual stream on that recipe."""
+def _quality6(r: Rounds, earlier: list[float]) -> list[str]:
+    """The B=128/256 quality checks of the FP8 rounds (unequal val tokens), the tuned round's rerun on equal ones,
+    and the loader round's check of the bf16 residual stream on that recipe."""
+    v6, v7 = r.get("tuned-launches"), r.get("loader-bf16res")
     q = v6["quality"]
     tokens = max(int(t) for t in q["val_loss_by_tokens"]["plain"])
     scored = q["val_tokens_scored"]["plain (B=64)"]
     q7 = v7["quality"] if v7 else None
-    return [f"The fastest recipes of rounds 3-5 ended {', '.join(f'{x:+.4f}' for x in earlier)} off plain, "
+    return [f"The fastest recipes of rounds {_fp8_rounds(r)} ended {', '.join(f'{x:+.4f}' for x in earlier)} off "
+            "plain, "
             "but on different val prefixes: the trainer read val in B·T strides, now fixed (`shards.ValWindows`). "
-            f"Rerun on the same {scored / 1e6:.2f}M val tokens to {tokens / 1e6:.1f}M training tokens, round 5's "
+            f"Rerun on the same {scored / 1e6:.2f}M val tokens to {tokens / 1e6:.1f}M training tokens, round "
+            f"{r.name('row-kernels')}'s "
             f"recipe ends **{q['final_val_diff']:+.4f}** off plain (within 0.02: "
             f"{'yes' if q['within_0.02'] else 'no'})"
-            + (f"; with round 7's bf16 residual stream, **{q7['final_val_diff']:+.4f}** (within 0.02: "
+            + (f"; with round {r.name('loader-bf16res')}'s bf16 residual stream, **{q7['final_val_diff']:+.4f}** "
+               "(within 0.02: "
                f"{'yes' if q7['within_0.02'] else 'no'})." if q7 else "."), ""]
+
+
+def _fp8_rounds(r: Rounds) -> str:
+    return r.names("fp8-tensor", "fp8-row", "row-kernels")

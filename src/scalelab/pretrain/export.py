@@ -26,7 +26,7 @@ from scalelab.pretrain.train_gpt import GPT
 from scalelab.pretrain.weights_map import (TIED_KEY, GPT2MappingError, check_gpt2_expressible, gpt2_config,
                                            strip_wrappers, to_hf_state_dict)
 
-# DESIGN.md's GPT-2 tokenizer test vector: the exported tokenizer must reproduce it exactly.
+# A fixed GPT-2 tokenizer test vector: the exported tokenizer must reproduce it exactly.
 PROMPT = "Hello world, this is a test."
 PROMPT_IDS = (15496, 995, 11, 428, 318, 257, 1332, 13)
 GENERATE_TOKENS = 5

@@ -69,7 +69,7 @@ class _FP8RowMatmul(torch.autograd.Function):
     GEMM takes only row-major A and column-major B). Two of the three GEMMs run in FP8.
     The bias is added in the FP8 GEMM's epilogue, and its gradient (a sum of g over tokens) is a GEMM too: left to
     torch.compile, that column sum fuses with g's row amax into one kernel that reads g across rows, several
-    times slower than either reduction alone (measured, results/h200/pretrain_profile/)."""
+    times slower than either reduction alone (bench/gpu_pretrain_profile.py shows it)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, fast_accum: bool) -> torch.Tensor:

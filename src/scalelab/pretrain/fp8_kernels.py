@@ -1,16 +1,16 @@
 """Triton kernels for the per-row FP8 MLP (train.fp8_gelu_kernel): GELU and its gradient, each fused with the
 per-row FP8 cast of its output, one pass over each row.
 
-Compiled, the GELU + row amax + cast is a reduction that Inductor runs as two passes over 3,072-wide rows
-(48.6 ms of an 877 ms step, and 60.9 ms for the gradient side, in
-results/h200/pretrain_profile/profile_fp8row_all_chunks8_b128_tk_fast_biasgemm.json); here a program holds its
-row in registers, so h is read once and a, a8 and the row's scale are written once.
+Compiled, the GELU + row amax + cast is a reduction that Inductor runs as two passes over 3,072-wide rows (a
+profile of the per-row FP8 recipe, bench/gpu_pretrain_profile.py, shows both sides among the largest elementwise
+kernels); here a program holds its row in registers, so h is read once and a, a8 and the row's scale are written
+once.
 
 On the GPU, FP8 and bf16 values come from the hardware's casts (cvt.rn.satfinite: round to nearest-even, as
 torch's casts for values in range); Triton's CPU interpreter truncates instead, so there (HW=False) the kernels
 round to nearest-even in integer arithmetic, and the CPU tests check those bytes against torch's casts. On sm_90
-(Triton 3.6, at their launch warps) the hardware's casts make the two kernels 280 and 1,152 SASS instructions long
-against 432 and 1,704 with the integer rounding (bench/triton_kernel_sass.py, which compiles them without a GPU).
+the hardware's casts make both kernels shorter in SASS than the integer rounding (bench/triton_kernel_sass.py
+compiles them without a GPU and counts).
 """
 from __future__ import annotations
 
@@ -22,9 +22,8 @@ from scalelab.pretrain.triton_support import INTERPRETED, require_triton, tl, tr
 
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0  # torch.finfo(torch.float8_e4m3fn / float8_e5m2).max
 GELU_K = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of GELU (Hendrycks & Gimpel 2016)
-# Warps per 3,072-wide row, the fastest of 4/8/16/32 timed on an H200 at 131,072 rows
-# (results/h200/pretrain_variants_round5.json, row_kernels): GELU 0.66 ms at 16 against 0.96 at 8 and 0.94 at 32;
-# its gradient, which holds two inputs per thread, 0.76 ms at 4 against 0.79 at 8.
+# Warps per 3,072-wide row: the fastest of 4/8/16/32 with each kernel timed alone (bench/gpu_row_kernels.py);
+# the gradient holds two inputs per thread, so it wants fewer warps than GELU.
 GELU_WARPS, GELU_GRAD_WARPS = 16, 4
 
 

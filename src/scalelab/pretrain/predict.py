@@ -6,13 +6,13 @@
 
 Throughput and memory come from one of two sources, and the prediction says which:
 - calibrated: the forms of calibrate.py with constants fitted on measured runs
-  (results/h200/pretrain_predictor_calibration.json, made by bench/pretrain_calibration.py), used for bf16 +
+  (the committed calibration that bench/pretrain_calibration.py writes; CALIBRATION_PATH), used for bf16 +
   torch.compile runs on the calibrated hardware or one it transfers to (calibrate.TRANSFERABLE): without FP8,
   or, for throughput only, in a recipe family with its own fit (FP8 with per-row scales); the interval is the
   largest error on the rows the constants were not fitted on;
 - prior: an MFU from a table per hardware (below, with where each number comes from) and the byte counts here.
 The loss law is, in order: one given by the caller; a fit on a local ladder of small runs on the same data
-(results/h200/scaling_ladder.json, made by bench/gpu_scaling_ladder.sh); else the Chinchilla prior.
+(the ladder bench/gpu_scaling_ladder.sh writes; LADDER_PATH); else the Chinchilla prior.
 predictions.json is written through RunDir, which logs its sha256, so a report can show the prediction existed
 before the measurement.
 """
@@ -31,10 +31,11 @@ from scalelab.pretrain.scaling_law import CHINCHILLA_PRIOR, ScalingLaw, load_sca
 from scalelab.pretrain.train_gpt import flops_per_token
 
 GIB = 2**30
-_RESULTS = Path(__file__).resolve().parents[3] / "results" / "h200"
+# the repository's committed pretrain run folders (a checkout's, not an installed package's)
+_RESULTS = Path(__file__).resolve().parents[3] / "results" / "h200" / "pretrain"
 CALIBRATION_PATH = Path(os.environ.get("SCALELAB_PRETRAIN_CALIBRATION",
-                                       _RESULTS / "pretrain_predictor_calibration.json"))
-LADDER_PATH = Path(os.environ.get("SCALELAB_SCALING_LADDER", _RESULTS / "scaling_ladder.json"))
+                                       _RESULTS / "predictor-calibration" / "results.json"))
+LADDER_PATH = Path(os.environ.get("SCALELAB_SCALING_LADDER", _RESULTS / "scaling-ladder" / "results.json"))
 AUTO = "auto"  # predict(calibration=AUTO): read CALIBRATION_PATH when it exists
 
 
@@ -244,8 +245,8 @@ def compiled_logits_bytes(m: ModelConfig, micro_batch: int) -> int:
 
 
 # fp32 copies of one loss chunk that the compiled torch path of the chunked loss holds at its peak (the masked
-# logits, their exp, the gradient, and a buffer Inductor keeps): 4.24 read off cudnn-chunks8 at B=64 (30.2 GiB,
-# results/h200/pretrain_variants_round2.json call1); cudnn-chunks8-b128 (57.1 GiB, call3) is the held-out check
+# logits, their exp, the gradient, and a buffer Inductor keeps): read off one measured chunked-loss run's peak
+# memory (bench/pretrain_calibration.py), and checked against another batch size it was not read from
 CHUNK_FP32_COPIES = 4
 # bytes the chunked loss moves per logit outside the head's matmuls: each bf16 chunk read twice (max/sum-exp,
 # then the gradient) and its bf16 gradient written once (the Triton kernel in place; the compiled torch path

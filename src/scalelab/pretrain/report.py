@@ -1,4 +1,4 @@
-"""A pretraining run's report, regenerated from its folder alone (DESIGN.md principle 3).
+"""A pretraining run's report, regenerated from its folder alone.
 
     summarize(run_dir) -> ReportData          compute: read the folder, reduce events to numbers
     plot_loss(data, path), plot_lr(...)        plot:    figures/loss.png, figures/lr.png
@@ -17,10 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
+from scalelab.core import figures
 from scalelab.core.hardware import HARDWARE, get_hardware
+from scalelab.core.numfmt import num
 from scalelab.core.rundir import RunDir
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
 from scalelab.pretrain.predict import GIB, PretrainPrediction, prediction_from_dict
+from scalelab.pretrain.prepare import UNIGRAM_COUNTS_FILE, unigram_cross_entropy
+from scalelab.pretrain.train_gpt import lr_at, val_windows
 
 WARMUP_STEPS = 3  # per session, as train_gpt._finish: first steps pay allocation / compile / cache warm-up
 
@@ -215,10 +219,8 @@ def unigram_baseline(cfg: PretrainConfig) -> float | None:
     """The loss to beat first: the train-unigram cross-entropy of exactly the val tokens the trainer scores
     (its first val windows), when the data folder and its counts file are at hand; else the manifest's
     figure for the whole val split; else None."""
-    from scalelab.pretrain.prepare import UNIGRAM_COUNTS_FILE, unigram_cross_entropy
     counts = Path(cfg.data.dir) / UNIGRAM_COUNTS_FILE
     if counts.is_file():
-        from scalelab.pretrain.train_gpt import val_windows
         return unigram_cross_entropy(np.load(counts), val_windows(cfg).targets())
     path = Path(cfg.data.dir) / "manifest.json"
     if not path.is_file():
@@ -295,22 +297,13 @@ def summarize(run_dir: str | Path) -> ReportData:
 
 
 def _figure():
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(7, 4.2), dpi=110)
-    FigureCanvasAgg(fig)
+    fig = figures.figure(7, 4.2, dpi=110)
     return fig, fig.add_subplot(1, 1, 1)
 
 
 def _save(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    figures.label(ax, xlabel, ylabel, title)
+    return figures.save(fig, path)
 
 
 def plot_loss(data: ReportData, path: Path) -> Path:
@@ -329,7 +322,6 @@ def plot_loss(data: ReportData, path: Path) -> Path:
 
 
 def plot_lr(data: ReportData, cfg: PretrainConfig, path: Path) -> Path:
-    from scalelab.pretrain.train_gpt import lr_at
     fig, ax = _figure()
     steps = range(cfg.train.max_steps)
     # train events log step+1 with the lr used during that step (train_gpt._loop), hence the +1.
@@ -346,7 +338,7 @@ _FORMATS = {"tokens/s": "{:,.0f}", "ms": "{:,.1f}", "GiB": "{:.3f}", "nats/token
 
 
 def _num(value: float | None, unit: str) -> str:
-    return "—" if value is None else _FORMATS.get(unit, "{:.4g}").format(value)
+    return num(value, _FORMATS.get(unit, "{:.4g}"))
 
 
 def _comparison_row(c: Comparison) -> str:
@@ -430,7 +422,7 @@ def render_markdown(d: ReportData) -> str:
 # save
 
 
-def build_report(run_dir: str | Path) -> Path:
+def report(run_dir: str | Path) -> Path:
     """figures/loss.png, figures/lr.png and REPORT.md; returns REPORT.md's path."""
     data = summarize(run_dir)
     rd = RunDir(run_dir)
@@ -438,6 +430,9 @@ def build_report(run_dir: str | Path) -> Path:
     plot_loss(data, rd.figures / "loss.png")
     plot_lr(data, cfg, rd.figures / "lr.png")
     return rd.write_report(render_markdown(data))
+
+
+build_report = report   # the name callers have used
 
 
 def results_from_run(run_dir: str | Path) -> dict:

@@ -36,8 +36,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     p = verbs.add_parser("docs", help="write docs/serve.md from one or more run folders alone (predicted vs "
                                       "measured, where TP scaling breaks, SLOs, cost, what was not measured)")
-    p.add_argument("runs", nargs="+", help="run folders (e.g. results/h200/serve/*)")
-    p.add_argument("--out", default="docs/serve.md", help="the Markdown file to write (default: docs/serve.md)")
+    p.add_argument("runs", nargs="*", default=["docs/serve.toml"],
+                   help="a docs manifest (.toml; default docs/serve.toml) listing the sweep folders, or the sweep "
+                        "folders themselves")
+    p.add_argument("--out", default=None, help="the Markdown file to write (default: the manifest's `out`, else "
+                                               "docs/serve.md)")
     p.set_defaults(func=_docs)
 
     p = verbs.add_parser("config", help="list every config field with its type, default and help")
@@ -82,11 +85,15 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from scalelab.serve.docs import render_docs
+    from scalelab.core.sections import ManifestError
+    from scalelab.serve.docs import docs, render_docs
     from scalelab.serve.sweepdata import ReportInputError
     try:
-        print(render_docs(args.runs, args.out))
-    except ReportInputError as e:
+        if len(args.runs) == 1 and args.runs[0].endswith(".toml"):
+            print(docs(args.runs[0], Path(args.out) if args.out else None))
+        else:
+            print(render_docs(args.runs, args.out or "docs/serve.md"))
+    except (ReportInputError, ManifestError) as e:
         print(f"scalelab: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,4 +1,4 @@
-"""docs/serve.md from one or more serving sweep folders, from their files alone (DESIGN.md principle 3): every
+"""docs/serve.md from one or more serving sweep folders, from their files alone: every
 number is read from a folder or computed from one by the same analysis as its REPORT.md (serve.report.analyze)."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from scalelab.core.sections import ManifestError, read_manifest, write_doc
 from scalelab.serve.calibrate import RowWorkload
 from scalelab.serve.compare import COLUMNS, Comparison, comparisons, cost_sentence, figure_score, fmt, score
 from scalelab.serve.config import SweepSection
@@ -253,7 +254,7 @@ def docs_markdown(analyses: Sequence[Analysis], command: str = "") -> str:
     tp, slo = _explain_md(analyses)
     how = f"Regenerate with `{command}`" if command else "Regenerate it"
     lines = ["# Serving: the scaling table, predicted then measured", "",
-             f"_{how} (scalelab.serve.docs.render_docs, from the sweep folders' files alone); edit the code, not "
+             f"_{how} (scalelab.serve.docs, from the sweep folders' files alone); edit the code, not "
              "this file._", "",
              "Before a sweep starts, an analytic model (serve/stepmodel.py: the roofline step time of Pope et al. "
              "2022, two all-reduces per layer after Shoeybi et al. 2019, a fixed per-step overhead; serve/simulate.py: "
@@ -266,12 +267,21 @@ def docs_markdown(analyses: Sequence[Analysis], command: str = "") -> str:
 
 
 def render_docs(run_dirs: Sequence[str | Path], out: str | Path,
-                api_prices: Mapping[str, float] | None = None) -> Path:
+                api_prices: Mapping[str, float] | None = None, command: str | None = None) -> Path:
     """docs/serve.md (or `out`) from the sweep folders' files alone."""
     if not run_dirs:
         raise ValueError("render_docs: no sweep folder given")
     analyses = [analyze(load_sweep(d), api_prices) for d in run_dirs]
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(docs_markdown(analyses, regenerate_command(run_dirs, out)))
-    return out
+    text = docs_markdown(analyses, command or regenerate_command(run_dirs, out))
+    return write_doc(text, Path(out))
+
+
+def docs(manifest: str | Path, out: Path | None = None, api_prices: Mapping[str, float] | None = None) -> Path:
+    """docs/serve.md (the manifest's `out`, or `out`) from the sweep folders the manifest lists."""
+    m = read_manifest(manifest, job="serve")
+    runs = m.require("runs")
+    for i, run in enumerate(runs):
+        if not m.path_of(run).is_dir():
+            raise ManifestError(f"{m.path}: runs[{i}] = {run} is not a folder")
+    shown = Path(manifest).as_posix()
+    return render_docs([m.path_of(r) for r in runs], out or m.out, api_prices, f"scalelab serve docs {shown}")

@@ -1,4 +1,4 @@
-"""The report's re-runs of the model from a sweep folder's own files (DESIGN.md principle 3): the current model
+"""The report's re-runs of the model from a sweep folder's own files: the current model
 with its stated priors, and the model calibrated on some measured rows (serve.calibrate). Each predicts every
 row again on the requests that row was measured with, in the protocol it was measured with (its requests per
 repeat, from the measured row's provenance), so the comparison is figure for figure."""

@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 
 from scalelab.core.jsonio import write_json
 from scalelab.core.provenance import folder_provenance
+from scalelab.core.sections import write_doc
 from scalelab.serve.compare import (
     Comparison, comparison_table, comparisons, cost_sentence, cost_table, coverage_sentence, ratio_summary,
     render_table, score_sentence,
@@ -167,7 +168,7 @@ def render_report(a: Analysis) -> str:
     return "\n".join(lines)
 
 
-def write_report(run_dir: str | Path, api_prices: Mapping[str, float] | None = None) -> Path:
+def report(run_dir: str | Path, api_prices: Mapping[str, float] | None = None) -> Path:
     """REPORT.md, figures/predicted_vs_measured.png and predictions_calibrated.json of one sweep folder, from
     its files alone."""
     a = analyze(load_sweep(run_dir), api_prices)
@@ -177,6 +178,7 @@ def write_report(run_dir: str | Path, api_prices: Mapping[str, float] | None = N
                                                             "rows": [r.to_dict() for r in a.calibrated.rows],
                                                             "provenance": folder_provenance(folder)})
     plot_predicted_vs_measured(a.comparisons, folder / "figures" / "predicted_vs_measured.png")
-    out = folder / "REPORT.md"
-    out.write_text(render_report(a))
-    return out
+    return write_doc(render_report(a), folder / "REPORT.md")
+
+
+write_report = report   # the name callers have used

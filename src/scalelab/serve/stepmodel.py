@@ -28,7 +28,7 @@ from scalelab.serve.fit import KV_BYTES, kv_replicas
 # vLLM and SGLang all-reduce small activations with their own one-shot kernel over NVLink peer memory (vLLM PR
 # #2192), captured in the decode step's CUDA graph: sglang PR #2904 measured vLLM's at 8.7-9.5 us for 512 B-32 KB
 # at TP=2/4/8 on H100 without CUDA graphs, so no more than that under graphs. The eager NCCL alpha of the
-# hardware table (45 us on H200, results/h200/nccl_collectives.json) is host launch time that graphs remove.
+# hardware table (fitted to bench/nccl_bench.py's eager collectives) is host launch time that graphs remove.
 CUSTOM_ALLREDUCE_LATENCY_S = 9e-6
 NVLINK_MIN_GB_S = 100.0     # links at least this fast are NVLink (PCIe 4/5 x16 is 32/64 GB/s): custom all-reduce
 # Per request, once, outside the engine's steps: the OpenAI server's HTTP parsing and tokenization, the hand-off

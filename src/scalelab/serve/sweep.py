@@ -1,6 +1,6 @@
 """`scalelab serve sweep`: from a config to the scaling table, in one run folder.
 
-Order (DESIGN.md principle 1): the workload sampled once -> config.toml and provenance.json -> predictions.json
+Order: the workload sampled once -> config.toml and provenance.json -> predictions.json
 for exactly those request lengths -> per (engine, TP): the won't-fit check, one server launch, every batch of
 that TP in ascending order (a warm-up at the row's load, then `repeats` measured runs, each streamed to its
 own per-request JSONL) -> one measured row appended to rows.jsonl per point -> table + figures -> REPORT.md.

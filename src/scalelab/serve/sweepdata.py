@@ -1,4 +1,4 @@
-"""A serving sweep folder as the report reads it: its files (DESIGN.md principle 3) and the settings they state.
+"""A serving sweep folder as the report reads it: its files and the settings they state.
 
 predictions.json (the analytic model's rows, written before the sweep measured them), rows.jsonl (measured rows,
 one JSON object per line; the last line of a key wins), config.toml, provenance.json, and table.md when the sweep

@@ -1,0 +1,40 @@
+"""docs/<job>.md regenerate from their manifests in docs/: the serve and grpo pages byte for byte (figures are
+written beside the page in the test's folder, so the committed ones are not touched), and each manifest names only
+folders that exist."""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from scalelab.grpo.docs import docs as grpo_docs
+from scalelab.serve.docs import docs as serve_docs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("job", ["pretrain", "serve", "dpo", "grpo"])
+def test_manifest_names_existing_results(job):
+    m = tomllib.loads((REPO / "docs" / f"{job}.toml").read_text())
+    assert m["job"] == job and m["out"] == f"docs/{job}.md"
+    paths = [v for v in _strings(m) if v.startswith("results/")]
+    assert paths and all((REPO / p).exists() for p in paths), [p for p in paths if not (REPO / p).exists()]
+
+
+def _strings(node):
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for v in node.values():
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+
+
+@pytest.mark.parametrize("job, make", [("serve", serve_docs), ("grpo", grpo_docs)])
+def test_docs_regenerate_byte_identical(tmp_path, monkeypatch, job, make):
+    monkeypatch.chdir(REPO)       # the manifest path is printed as given, relative to the repository
+    out = make(Path("docs") / f"{job}.toml", tmp_path / f"{job}.md")
+    assert out.read_text() == (REPO / "docs" / f"{job}.md").read_text()
