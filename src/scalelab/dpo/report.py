@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from scalelab.core.config import read_toml
+from scalelab.core.jsonio import is_stored
+from scalelab.core.pngsave import save_png
 from scalelab.core.rundir import RunDir
 from scalelab.dpo import battery_stats as stats
 from scalelab.dpo.evidence import render_evidence_table, verdict_text
@@ -43,7 +45,7 @@ class RunFiles:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "config.toml").is_file() and (path / "metrics.jsonl").is_file()
+    return (path / "config.toml").is_file() and is_stored(path / "metrics.jsonl")
 
 
 def load_run(run_dir: str | Path) -> RunFiles:
@@ -58,7 +60,7 @@ def load_run(run_dir: str | Path) -> RunFiles:
     return RunFiles(path, read_toml(path / "config.toml", "run config"), results_from_run(path),
                     _this_training(rd, "train"), _this_training(rd, "margins"),
                     sum(e["step_s"] for e in steps) if steps else None,
-                    read_json(battery) if battery.is_file() else None)
+                    read_json(battery) if is_stored(battery) else None)
 
 # ---------------------------------------------------------------------------------------------
 # formatting
@@ -138,8 +140,7 @@ def plot_training(run: RunFiles, out: Path) -> Path | None:
     for ax in (ax_l, ax_a):
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    save_png(fig, out, dpi=110)
     plt.close(fig)
     return out
 

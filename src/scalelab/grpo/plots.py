@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from scalelab.core.pngsave import save_png
+
 PHASE_COLORS = {"rollout": "tab:blue", "reward": "tab:orange", "reference": "tab:green", "old_logprob": "tab:olive",
                 "update": "tab:red", "weight_sync": "tab:purple", "eval": "tab:cyan", "other": "tab:gray"}
 
@@ -29,10 +31,8 @@ def finish(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
 
 
 def save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return save_png(fig, path)
 
 
 def length_histograms(ax: Any, before: np.ndarray, after: np.ndarray, labels: tuple[str, str]) -> None:
