@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from scalelab.core.pngsave import save_png
+
 DETERMINISTIC = {"Software": None}   # PNG metadata: without it the file names the matplotlib version
 
 
@@ -39,7 +41,5 @@ def label(ax: Any, xlabel: str, ylabel: str, title: str | None = None, legend_fo
 
 def save(fig: Any, path: Path) -> Path:
     """tight_layout, then a PNG without the version tag (its parent folder made)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, metadata=DETERMINISTIC)
-    return path
+    return save_png(fig, path, metadata=DETERMINISTIC)

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from scalelab.core import provenance
 from scalelab.core.config import dump_toml
-from scalelab.core.jsonio import append_jsonl, iter_jsonl, read_json, write_json
+from scalelab.core.jsonio import append_jsonl, is_stored, iter_jsonl, read_bytes, read_json, write_json
 
 
 class RunDir:
@@ -80,7 +80,7 @@ class RunDir:
 
     def read_optional(self, name: str) -> Any:
         p = self.path / name
-        return read_json(p) if p.is_file() else None
+        return read_json(p) if is_stored(p) else None
 
     def events(self, kind: str | None = None) -> Iterator[dict]:
         for rec in iter_jsonl(self.metrics_path):
@@ -88,5 +88,5 @@ class RunDir:
                 yield rec
 
     def predictions_sha256(self) -> str | None:
-        p = self.path / "predictions.json"
-        return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+        p = self.path / "predictions.json"  # over the plain content, as logged, also once the file is gzipped
+        return hashlib.sha256(read_bytes(p)).hexdigest() if is_stored(p) else None

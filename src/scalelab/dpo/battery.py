@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from scalelab.core.config import to_dict
 from scalelab.core.filelock import file_lock
-from scalelab.core.jsonio import read_json, write_json
+from scalelab.core.jsonio import is_stored, read_json, write_json
 from scalelab.core.rundir import RunDir
 from scalelab.dpo import battery_stats as stats
 from scalelab.dpo.config import DpoConfig
@@ -277,7 +277,7 @@ def run_part(part: Part, side: Side, rd: RunDir) -> dict:
     """The part's record: reused when its file exists (same spec, model and adapter), else measured and saved."""
     path = side.part_path(part)
     with part_lock(path) as waited_s:
-        if path.is_file():
+        if is_stored(path):  # plain, or gzipped in a committed folder
             record = read_json(path)
             rd.log_event("battery_part", side=side.name, part=part.name, reused=True, path=str(path),
                          waited_s=round(waited_s, 3))

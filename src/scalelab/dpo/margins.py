@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from transformers import TrainerCallback
 
+from scalelab.core.pngsave import save_png
+
 # ---------------------------------------------------------------------------------------------
 # tokenization: prompt ids + response ids, as TRL's preference trainers build them
 
@@ -242,7 +244,6 @@ def plot_margins(records: list[dict], out: str | Path) -> Path | None:
     ax_t.legend(lines, [ln.get_label() for ln in lines], loc="upper left", fontsize=8)
     fig.tight_layout()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    save_png(fig, out, dpi=110)
     plt.close(fig)
     return out

@@ -7,6 +7,7 @@ Metric sinks mirror metrics.jsonl.
 """
 from __future__ import annotations
 
+import hashlib
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -15,7 +16,7 @@ from typing import Callable
 
 from scalelab.core.config import to_dict
 from scalelab.core.hfmodel import load_causal_lm
-from scalelab.core.jsonio import read_json
+from scalelab.core.jsonio import read_bytes, read_json, stored
 from scalelab.core.provenance import folder_provenance
 from scalelab.core.rundir import RunDir
 from scalelab.core.tracking import mirrored_metrics
@@ -42,7 +43,6 @@ def _print_sampling(done: int, total: int) -> None:
 
 def verifier_jsonl(cfg: DpoConfig, rd: RunDir, load_model: Callable[[], tuple]) -> tuple[Path, dict]:
     """The verifier-built set for this config: reused when its manifest matches, else sampled and written."""
-    from scalelab.core.hfmodel import sha256_file
     from scalelab.dpo.verifier_pairs import (build_verifier_set, manifest_key, manifest_path, reusable,
                                              write_verifier_set)
     path = Path(cfg.data.path) if cfg.data.path else rd.path / "preferences.jsonl"
@@ -55,7 +55,8 @@ def verifier_jsonl(cfg: DpoConfig, rd: RunDir, load_model: Callable[[], tuple]) 
         write_verifier_set(path, pairs, summary, key)
         rd.log_event("verifier_set", path=str(path), **asdict(summary))
     manifest = read_json(manifest_path(path))
-    return path, {"verifier": manifest["summary"], "sha256": sha256_file(path)}
+    digest = hashlib.sha256(read_bytes(path)).hexdigest()  # of the plain content, also once it is gzipped
+    return stored(path) or path, {"verifier": manifest["summary"], "sha256": digest}
 
 
 def prepare_data(cfg: DpoConfig, rd: RunDir, load_model: Callable[[], tuple]) -> PreparedData:

@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 
 from scalelab.core.config import read_toml
-from scalelab.core.jsonio import read_json
+from scalelab.core.jsonio import is_stored, read_json
 from scalelab.core import numfmt
 from scalelab.core.rundir import RunDir
 from scalelab.core.tables import table
@@ -86,7 +86,7 @@ class RunFiles:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "config.toml").is_file() and (path / "metrics.jsonl").is_file()
+    return (path / "config.toml").is_file() and is_stored(path / "metrics.jsonl")
 
 
 def load_run(run_dir: str | Path) -> RunFiles:
@@ -99,4 +99,4 @@ def load_run(run_dir: str | Path) -> RunFiles:
     return RunFiles(path, read_toml(path / "config.toml", "run config"), results_from_run(path),
                     this_training(rd, "train"), this_training(rd, "margins"),
                     sum(e["step_s"] for e in steps) if steps else None,
-                    read_json(battery) if battery.is_file() else None)
+                    read_json(battery) if is_stored(battery) else None)

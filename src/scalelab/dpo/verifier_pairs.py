@@ -10,6 +10,7 @@ counts, sha256 of the jsonl, provenance), so a run records exactly which set it 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -21,7 +22,7 @@ import torch
 
 from scalelab.core import provenance
 from scalelab.core.hfmodel import sha256_file
-from scalelab.core.jsonio import read_json, write_json
+from scalelab.core.jsonio import is_stored, read_bytes, read_json, write_json
 from scalelab.dpo.config import VerifierConfig
 from scalelab.dpo.data import PreferencePair, write_pairs_jsonl
 
@@ -157,10 +158,11 @@ def write_verifier_set(path: str | Path, pairs: list[PreferencePair], summary: V
 
 
 def reusable(path: str | Path, key: dict) -> bool:
-    """True when the jsonl exists, is unchanged since written, and was built with the same key."""
+    """True when the jsonl exists (plain, or gzipped in a committed folder), is unchanged since written (the hash is
+    of the plain content), and was built with the same key."""
     path, mpath = Path(path), manifest_path(path)
-    if not (path.is_file() and mpath.is_file()):
+    if not (is_stored(path) and mpath.is_file()):
         return False
     manifest = read_json(mpath)
     same_key = json.loads(json.dumps(key)) == {k: manifest.get(k) for k in key}
-    return same_key and manifest.get("jsonl_sha256") == sha256_file(path)
+    return same_key and manifest.get("jsonl_sha256") == hashlib.sha256(read_bytes(path)).hexdigest()

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from scalelab.core.jsonio import read_json
+from scalelab.core.jsonio import find_stored, is_stored, read_json, read_text
 from scalelab.core.sections import read_manifest, write_doc
 from scalelab.grpo import hacking, report, stalestudy
 from scalelab.grpo.plots import figure, finish, save
@@ -44,17 +44,18 @@ class DocInputs:
 
 
 def _first(root: Path, name: str) -> Path | None:
-    found = sorted(root.rglob(name), key=lambda p: (len(p.parts), str(p)))
+    # plain names also for gzipped files, so the page names a source the same way either way
+    found = sorted(find_stored(root, name), key=lambda p: (len(p.parts), str(p)))
     return found[0] if found else None
 
 
 def _primary_run(root: Path) -> Path | None:
     """The run folder with the most GPU-sampled steps (ties: most steps; then path order)."""
     best, best_key = None, None
-    for metrics in sorted(root.rglob("metrics.jsonl")):
+    for metrics in find_stored(root, "metrics.jsonl"):
         if not (metrics.parent / "config.toml").is_file():
             continue
-        events = [line for line in metrics.read_text().splitlines() if line.strip()]
+        events = [line for line in read_text(metrics).splitlines() if line.strip()]
         steps = sum('"event": "grpo_step"' in e for e in events)
         sampled = sum('"event": "gpu_samples"' in e for e in events)
         key = (sampled > 0, steps)
@@ -67,7 +68,7 @@ def _bench_files(root: Path, primary: Path | None) -> tuple[list[tuple[str, dict
     """One pass over every JSON under root: (path, data) of the rollout-bench files other than the primary (other
     batch sizes, vLLM option variants), then of bench/grpo_nccl_sync_bench.py's (timed syncs into a vLLM server)."""
     benches, syncs = [], []
-    for f in sorted(root.rglob("*.json")):
+    for f in find_stored(root, "*.json"):
         if f == primary or f.name in ("seeds.json", "staleness.json", "hacking.json"):
             continue
         try:
@@ -88,7 +89,7 @@ INPUTS = ("rollout_bench", "seeds", "staleness", "hacking")
 
 def _named(root: Path, named: Mapping[str, str], key: str) -> Path | None:
     p = root / named[key]
-    if not p.exists():
+    if not (p.is_dir() or is_stored(p)):   # a folder, or a file plain or gzipped in a committed folder
         raise FileNotFoundError(f"{root}: the docs manifest's input {key} = {named[key]} does not exist")
     return p
 

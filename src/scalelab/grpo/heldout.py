@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from scalelab.core.jsonio import read_json, write_json
+from scalelab.core.jsonio import is_stored, read_json, write_json
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.parts import encode_prompt
 from scalelab.grpo.passk import mean_pass_at_k, paired_bootstrap
@@ -172,7 +172,7 @@ def save_eval(run_dir: str | Path, ev: PolicyEval) -> Path:
 def load_eval(run_dir: str | Path, policy: str, key: str | None = None) -> PolicyEval | None:
     """The saved evaluation of `policy`, or None (also when it was made under another base key)."""
     path = eval_dir(run_dir) / f"{policy}.json"
-    if not path.is_file():
+    if not is_stored(path):  # plain, or gzipped in a committed folder
         return None
     ev = PolicyEval.from_dict(read_json(path))
     return ev if key is None or ev.key == key else None

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from scalelab.core.jsonio import is_stored
 from scalelab.core.numfmt import num
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import GrpoConfig, load_grpo_config
@@ -247,7 +248,7 @@ def quarter_lengths(steps: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _require(path: Path, why: str) -> Path:
-    if not path.is_file():
+    if not is_stored(path):
         raise FileNotFoundError(f"{path}: not found; a GRPO report needs the run's {path.name} ({why})")
     return path
 

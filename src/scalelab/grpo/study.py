@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from scalelab.core.config import dump_toml
-from scalelab.core.jsonio import read_json, write_json
+from scalelab.core.jsonio import read_json, stored, write_json
 from scalelab.core.provenance import git_sha
 from scalelab.grpo.config import GrpoConfig, load_grpo_config
 from scalelab.grpo.heldout import base_key, eval_dir, load_eval
@@ -71,7 +71,8 @@ def share_base_eval(cfg: GrpoConfig, done: Sequence[Path]) -> bool:
     for other in done:
         if load_eval(other, "base", key) is not None:
             eval_dir(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(eval_dir(other) / "base.json", eval_dir(cfg.run_dir) / "base.json")
+            src = stored(eval_dir(other) / "base.json")  # load_eval found it: plain or .gz
+            shutil.copy2(src, eval_dir(cfg.run_dir) / src.name)
             return True
     return False
 

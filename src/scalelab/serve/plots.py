@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from scalelab.core.pngsave import save_png
 from scalelab.serve.compare import COLUMNS, ROLE_NAMES, WITHIN, Comparison
 from scalelab.serve.model import SCORED_FIGURES
 from scalelab.serve.rows import Row
@@ -57,7 +58,7 @@ def throughput_vs_latency(lines: dict[str, list[Row]], head: TableHeader, out: P
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{head.model} on {head.hardware_name}: throughput vs latency per TP")
     fig.tight_layout()
-    fig.savefig(out)
+    save_png(fig, out)
     return out
 
 
@@ -80,7 +81,7 @@ def slo_attainment(lines: dict[str, list[Row]], head: TableHeader, rate: bool, o
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out)
+    save_png(fig, out)
     return out
 
 
@@ -129,8 +130,7 @@ def plot_predicted_vs_measured(cs: Sequence[Comparison], path: Path) -> Path:
                    fontsize=8, ncol=len(handles), frameon=False)
     fig.suptitle(f"Predicted vs measured (shaded: ±{WITHIN:.0%}; bars: predicted interval)")
     fig.subplots_adjust(left=0.06, right=0.98, bottom=0.07, top=0.88, wspace=0.3, hspace=0.35)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_png(fig, path)
     return path
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 from scalelab.calc.models import ModelSpec
 from scalelab.core.config import ConfigError, read_toml, to_dict
 from scalelab.core.hardware import resolve_hardware
-from scalelab.core.jsonio import append_jsonl, write_json
+from scalelab.core.jsonio import append_jsonl, is_stored, write_json
 from scalelab.core.rundir import RunDir
 from scalelab.serve.client import ClientConfig, JsonlRecorder, RequestResult, run_closed_loop, run_open_loop
 from scalelab.serve.config import RESUME_KEYS, RUN_DIR_TOKEN, ServeConfig
@@ -274,7 +274,7 @@ def write_predictions(setup: Setup, points: Sequence[Point], requests: dict[Poin
     a resumed run whose config adds points predicts just those, keeps the rows on file as they are, and rewrites
     the file (logged as "predictions_extended" with its new sha256) before any server starts."""
     rd = setup.rd
-    if not (rd.path / "predictions.json").is_file():
+    if not is_stored(rd.path / "predictions.json"):
         rows = predict_rows(setup, points, requests)
         rd.write_predictions({"hardware": setup.header.hardware_key, "model": setup.spec.name,
                               "slo": {"ttft_s": setup.slo.ttft_s, "itl_s": setup.slo.itl_s},

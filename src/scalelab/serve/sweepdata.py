@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from scalelab.core.hardware import HARDWARE
-from scalelab.core.jsonio import iter_jsonl, read_json
+from scalelab.core.jsonio import is_stored, iter_jsonl, read_json
 from scalelab.serve.metrics import EXAMPLE_API_PRICES_USD_PER_1M_OUTPUT, SLO
 from scalelab.serve.rows import Row, row_from_dict
 
@@ -35,7 +35,7 @@ class SweepData:
 
 def _need(run_dir: Path, name: str, what: str) -> Path:
     path = run_dir / name
-    if not path.is_file():
+    if not is_stored(path):
         raise ReportInputError(f"{path}: not found; the serving report needs {name} ({what})")
     return path
 
