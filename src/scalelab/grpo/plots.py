@@ -12,7 +12,7 @@ PHASE_COLORS = {"rollout": "tab:blue", "reward": "tab:orange", "reference": "tab
 
 
 def figure(rows: int = 1, cols: int = 1, height_in: float = 4.2, width_in: float = 8.0) -> tuple[Any, list]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only when a figure is drawn
     from matplotlib.figure import Figure
     fig = Figure(figsize=(width_in, height_in * rows), dpi=110)
     FigureCanvasAgg(fig)
