@@ -52,8 +52,8 @@ class RolloutBatch:
 
 @dataclass(frozen=True)
 class EngineCapabilities:
-    """What a rollout engine supports, asked by name through the registry (engines.capabilities) by config
-    validation, weight sync, the data-parallel launcher and the study commands."""
+    """What a rollout engine supports, each engine class's `capabilities`; config validation, 'auto' weight
+    sync, the data-parallel launcher and the study commands ask it by engine name (capabilities.capabilities)."""
     sync_methods: tuple[str, ...]  # weight-sync methods it implements (weightsync.SYNC_METHODS keys)
     default_sync: str  # rollout.weight_sync='auto' for a full-weight policy
     lora_sync: str = ""  # rollout.weight_sync='auto' for a LoRA policy; '' = default_sync

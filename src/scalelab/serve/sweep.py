@@ -34,11 +34,11 @@ from scalelab.core.jsonio import append_jsonl, write_json
 from scalelab.core.net import free_port
 from scalelab.core.readers import SourceError
 from scalelab.core.rundir import RunDir
+from scalelab.serve import model as analytic_model
 from scalelab.serve.client import ClientConfig, JsonlRecorder, RequestResult, run_closed_loop, run_open_loop
 from scalelab.serve.config import RESUME_KEYS, RUN_DIR_TOKEN, ServeConfig
 from scalelab.serve.fit import check_fit, engine_limits
 from scalelab.serve.metrics import SLO, RateSearch, cost_per_1m_output, find_max_rate, measured, spread, summarize
-from scalelab.serve.model import predict_row
 from scalelab.serve.modeldir import ModelDirError, make_model_dir, spec_from_hf_config
 from scalelab.serve.plots import write_plots
 from scalelab.serve.rows import Row, RowFigures, RowKey
@@ -260,9 +260,10 @@ def predict_rows(setup: Setup, points: Sequence[Point], requests: dict[Point, Po
         if p.rate_rps is not None:
             continue  # the analytic model predicts fixed-concurrency rows only
         reqs = [r for rep in requests[p].repeats for r in rep]
-        out.append(predict_row(setup.spec, setup.header.hardware_key, p.key, [r.prompt_tokens for r in reqs],
-                               [r.output_tokens for r in reqs], setup.slo, cfg.engine.gpu_memory_utilization,
-                               setup.header.usd_per_gpu_hour, requests_per_run=requests_per_repeat(cfg, p)))
+        out.append(analytic_model.predict_row(
+            setup.spec, setup.header.hardware_key, p.key, [r.prompt_tokens for r in reqs],
+            [r.output_tokens for r in reqs], setup.slo, cfg.engine.gpu_memory_utilization,
+            setup.header.usd_per_gpu_hour, requests_per_run=requests_per_repeat(cfg, p)))
     return out
 
 
