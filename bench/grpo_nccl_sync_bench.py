@@ -39,7 +39,8 @@ import torch
 from scalelab.core.config import ConfigError
 from scalelab.core.jsonio import write_json
 from scalelab.grpo.config import load_grpo_config
-from scalelab.grpo.rollout import EngineContext, RolloutBatch, SamplingParams, build_engine
+from scalelab.grpo.engines import build_engine
+from scalelab.grpo.types import EngineContext, RolloutBatch, SamplingParams
 from scalelab.grpo.weightsync import sync_weights
 
 METHODS = ("nccl", "safetensors")

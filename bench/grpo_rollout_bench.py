@@ -51,10 +51,12 @@ from scalelab.core.config import ConfigError
 from scalelab.core.jsonio import write_json
 from scalelab.grpo.advantages import group_advantages
 from scalelab.grpo.batch import collate
+from scalelab.grpo.completions import repeat_prompts
 from scalelab.grpo.config import LoraConfig, load_grpo_config
+from scalelab.grpo.engines import build_engine
+from scalelab.grpo.logprobs import sampled_logprobs
 from scalelab.grpo.parts import apply_lora, encode_prompt
-from scalelab.grpo.rollout import (EngineContext, RolloutBatch, SamplingParams, build_engine, repeat_prompts,
-                                   sampled_logprobs)
+from scalelab.grpo.types import EngineContext, RolloutBatch, SamplingParams
 from scalelab.grpo.weightsync import sync_weights
 
 

@@ -14,7 +14,6 @@ The runs that score them: the command in the file, on one H200, then a later com
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,8 @@ from scalelab.core.jsonio import read_json, write_json
 from scalelab.core.provenance import git_sha
 from scalelab.pretrain.config import load_pretrain_config
 from scalelab.pretrain.ladder_check import check_ladder
-from scalelab.pretrain.predict import LADDER_PATH, law_params, predict, prediction_to_dict
+from scalelab.pretrain.params import law_params
+from scalelab.pretrain.predict import LADDER_PATH, predict, prediction_to_dict
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = "results/h200/pretrain/blind-sizes"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -27,7 +27,8 @@ from scalelab.core.jsonio import read_json, write_json
 from scalelab.pretrain import calibrate as cal
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
 from scalelab.pretrain.ladder_check import check_ladder
-from scalelab.pretrain.predict import count_params, law_params, predict, recipe_family, workload
+from scalelab.pretrain.params import count_params, law_params
+from scalelab.pretrain.predict import predict, recipe_family, workload
 from scalelab.pretrain.scaling_law import CHINCHILLA_PRIOR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -246,7 +247,7 @@ def prediction_row(t: Target, c: cal.Calibration, scores: dict[str, cal.RowScore
 
 def loss_ladder(repo: Path) -> dict:
     """The ladder's law scored out of sample, and 350M / 1B losses on the ladder's data at its largest budget.
-    Parameters counted as the ladder counts them (predict.law_params)."""
+    Parameters counted as the ladder counts them (params.law_params)."""
     doc = read_json(repo / LADDER)
     sizes = {name: float(law_params(config(SHAPES[name], repo).model)) for name in ("350M", "1B")}
     scored = check_ladder(doc["points"], sizes)

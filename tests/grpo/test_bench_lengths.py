@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 import types
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from scalelab.core.jsonio import read_json
-from scalelab.grpo.rollout import RolloutBatch, SamplingParams, repeat_prompts
+from scalelab.grpo.completions import repeat_prompts
+from scalelab.grpo.types import RolloutBatch, SamplingParams
 from tests.bench_script import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]

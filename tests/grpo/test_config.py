@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from scalelab.core.config import ConfigError
+from scalelab.grpo.capabilities import resolve_method
 from scalelab.grpo.config import load_grpo_config
-from scalelab.grpo.weightsync import resolve_method
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "grpo").glob("*.toml"))
 

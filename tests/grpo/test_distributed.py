@@ -16,10 +16,11 @@ from scalelab.grpo.advantages import Normalizer, group_advantages
 from scalelab.grpo.batch import collate
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.distributed import Dist, check_world, join_batches, max_timing, shard, take_rows
+from scalelab.grpo.engine_hf import HFGenerateEngine
 from scalelab.grpo.parts import prepare_policy, prompt_seed, sampling_for_prompt, sampling_for_step
-from scalelab.grpo.rollout import HFGenerateEngine, SamplingParams
 from scalelab.grpo.telemetry import StepTiming
 from scalelab.grpo.train import optimizer_step, train
+from scalelab.grpo.types import SamplingParams
 from tests.grpo.test_train import Crash, crash_at
 from tests.grpo.tiny import tiny_llama, tiny_tokenizer
 

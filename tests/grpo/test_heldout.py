@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from scalelab.core.config import ConfigError, load_config
-from scalelab.evals.tasks import get_task
 from scalelab.grpo.config import GrpoConfig
+from scalelab.grpo.engine_hf import HFGenerateEngine
 from scalelab.grpo.heldout import EvalSettings, base_key, compare, eval_run, evaluate_policy, headline, load_eval
 from scalelab.grpo.parts import heldout_examples, training_stages
-from scalelab.grpo.rollout import HFGenerateEngine, SamplingParams
 from scalelab.grpo.train import train
+from scalelab.grpo.types import SamplingParams
 from tests.grpo.tiny import tiny_llama, tiny_parts, tiny_tokenizer
 
 

@@ -15,19 +15,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 import torch
 
 from scalelab.core.config import ConfigError, load_config
+from scalelab.core.engines import EngineSpec, build_command
 from scalelab.grpo.config import GrpoConfig
+from scalelab.grpo.engine_vllm_server import VLLMServerEngine, _server_spec
+from scalelab.grpo.engines import build_engine
 from scalelab.grpo.ncclsync import (NcclSyncError, NcclWeightClient, init_body, installed_packed_in_init,
-                                   unavailable_reason, update_body)
+                                    unavailable_reason, update_body)
 from scalelab.grpo.parts import prepare_policy
-from scalelab.grpo.rollout import EngineContext, SamplingParams, VLLMServerEngine, _server_spec, build_engine
+from scalelab.grpo.types import EngineContext, SamplingParams
 from scalelab.grpo.weightsync import base_model, merged_named_weights, sync_weights
-from scalelab.serve.engines import EngineSpec, build_command
 from tests.bench_script import load_bench
 from tests.grpo.tiny import tiny_llama, tiny_tokenizer
 
@@ -303,7 +304,7 @@ def test_the_bench_parses_its_arguments_on_cpu(capsys):
 
 def test_the_bench_agreement_compares_two_methods_output_token_by_token():
     bench = load_bench("grpo_nccl_sync_bench")
-    from scalelab.grpo.rollout import RolloutBatch
+    from scalelab.grpo.types import RolloutBatch
 
     def batch(ids, lps):
         return RolloutBatch(((1,),) * len(ids), ids, ("",) * len(ids), lps, (False,) * len(ids), 1.0, 1, "x")

@@ -4,8 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scalelab.grpo.rollout import (HFGenerateEngine, RolloutBatch, SamplingParams, completion_tokens, cut_at_stop,
-                                   stop_token_ids)
+from scalelab.core.hfgen import stop_token_ids
+from scalelab.grpo.completions import cut_at_stop
+from scalelab.grpo.engine_hf import HFGenerateEngine
+from scalelab.grpo.logprobs import completion_tokens
+from scalelab.grpo.types import RolloutBatch, SamplingParams
 from tests.grpo.tiny import tiny_llama, tiny_tokenizer
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]

@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from scalelab.core.config import ConfigError
+from scalelab.core.engines import build_command
 from scalelab.grpo.config import captured_size_below, load_grpo_config
-from scalelab.grpo.rollout import (EngineContext, EngineOutputError, SamplingParams, VLLMColocatedEngine,
-                                   _server_spec, colocated_llm_kwargs, dict_sampled_logprobs, flat_sampled_logprobs,
-                                   ipc_weight_chunks, load_ipc_weights, sampled_logprobs, vllm_tuning_flags)
-from scalelab.serve.engines import build_command
+from scalelab.grpo.engine_vllm_colocated import VLLMColocatedEngine, colocated_llm_kwargs
+from scalelab.grpo.engine_vllm_server import _server_spec, vllm_tuning_flags
+from scalelab.grpo.ipc import ipc_weight_chunks, load_ipc_weights
+from scalelab.grpo.logprobs import EngineOutputError, dict_sampled_logprobs, flat_sampled_logprobs, sampled_logprobs
+from scalelab.grpo.types import EngineContext, SamplingParams
 from tests.bench_script import load_bench
 
 
@@ -300,7 +302,7 @@ def test_bench_refuses_bad_options_before_loading_anything(capsys):
 
 
 def test_effective_options_read_what_vllm_resolved():
-    from scalelab.grpo.rollout import vllm_effective_options
+    from scalelab.grpo.engine_vllm_colocated import vllm_effective_options
 
     class Config:
         scheduler_config = types.SimpleNamespace(max_num_seqs=1024, max_num_batched_tokens=16384,
@@ -325,7 +327,7 @@ def test_vllm_engine_starts_take_turns(tmp_path):
     import threading
     import time as _time
 
-    from scalelab.grpo.rollout import engine_start_lock
+    from scalelab.grpo.engine_vllm_colocated import engine_start_lock
     inside, overlaps = [], []
 
     def start():

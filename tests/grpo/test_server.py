@@ -7,8 +7,10 @@ import torch
 
 from scalelab.core.config import load_config
 from scalelab.grpo.config import GrpoConfig
-from scalelab.grpo.rollout import EngineContext, SamplingParams, build_engine, reload_leaves_stale_head
+from scalelab.grpo.engine_vllm_server import reload_leaves_stale_head
+from scalelab.grpo.engines import build_engine
 from scalelab.grpo.parts import prepare_policy
+from scalelab.grpo.types import EngineContext, SamplingParams
 from scalelab.grpo.weightsync import sync_weights
 from tests.grpo.tiny import tiny_llama, tiny_tokenizer
 

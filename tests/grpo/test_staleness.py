@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from scalelab.grpo.rollout import RolloutBatch
 from scalelab.grpo.staleness import StalenessError, StalenessPipeline
+from scalelab.grpo.types import RolloutBatch
 
 
 class VersionStampingEngine:

@@ -7,13 +7,14 @@ import torch
 
 from scalelab.core.config import load_config
 from scalelab.core.rundir import RunDir
-from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.advantages import group_advantages
-from scalelab.grpo.rollout import EngineContext, HFGenerateEngine, SamplingParams, build_hf
 from scalelab.grpo.batch import collate
 from scalelab.grpo.checkpoint import trainable_state
+from scalelab.grpo.config import GrpoConfig
+from scalelab.grpo.engine_hf import HFGenerateEngine, build_hf
 from scalelab.grpo.parts import Parts, prepare_policy
 from scalelab.grpo.train import optimizer_step, train
+from scalelab.grpo.types import EngineContext, SamplingParams
 from scalelab.grpo.weightsync import sync_weights, write_model_folder
 from tests.grpo.tiny import count_char, examples, tiny_llama, tiny_tokenizer
 

@@ -3,21 +3,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
 
 import pytest
 
+from scalelab.core.net import free_port
 from scalelab.pretrain.export import export_run, greedy_decode
 from tests.pretrain.test_export import make_run
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> dict:
@@ -45,7 +39,7 @@ def test_vllm_serves_the_export_with_our_greedy_tokens(tmp_path, vllm_python):
     out = export_run(tmp_path / "run", tmp_path / "hf").out_dir
     prompt = [15496, 995, 11, 428, 318, 257, 1332, 13]  # "Hello world, this is a test."
     expected = greedy_decode(ours, prompt, 8)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(out), "--host", "127.0.0.1",
            "--port", str(port), "--dtype", "float32", "--max-model-len", "64", "--gpu-memory-utilization", "0.1",

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from scalelab.core.config import ConfigError, load_config
-from scalelab.pretrain.prepare import (UNIGRAM_COUNTS_FILE, PrepareConfig, add_prepare_arguments, encoder_map,
-                                       prepare, run_prepare_from_args, unigram_baseline, unigram_cross_entropy)
+from scalelab.core.readers import SourceError
+from scalelab.pretrain.prepare import (UNIGRAM_COUNTS_FILE, PrepareConfig, add_prepare_arguments, encoder_map, prepare,
+                                       run_prepare_from_args, unigram_baseline, unigram_cross_entropy)
 from scalelab.pretrain.shards import ShardError, list_shards, manifest_hash, read_shard, verify_shards, write_shard
-from scalelab.pretrain.sources import Document, SourceError, split_of, text_key
+from scalelab.pretrain.sources import Document, split_of, text_key
 from scalelab.pretrain.tokenizer import EOT, gpt2_encoding
 
 MANIFEST_KEYS = ["format", "source", "val_source", "tokenizer", "seed", "val_fraction", "max_tokens", "shard_tokens",

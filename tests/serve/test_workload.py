@@ -7,12 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from scalelab.pretrain.sources import SourceError
 from scalelab.core.gpt2bpe import gpt2_encoding
-from scalelab.serve.workload import (
-    LengthFilter, arrival_times, count_tokens, first_exchange, sample_sharegpt, single_token_words,
-    synthetic_requests,
-)
+from scalelab.core.readers import SourceError
+from scalelab.serve.workload import (LengthFilter, arrival_times, count_tokens, first_exchange, sample_sharegpt,
+                                     single_token_words, synthetic_requests)
 
 
 class WordTokenizer:

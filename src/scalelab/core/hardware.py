@@ -7,6 +7,7 @@ every job lets the user set `price_per_gpu_hour`.
 """
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
 
@@ -72,7 +73,7 @@ def get_hardware(key: str) -> Hardware:
 def detect_hardware() -> Hardware:
     """The table entry for the first visible GPU, else the CPU entry."""
     try:
-        import torch
+        import torch  # lazy: torch takes seconds to import, and this module is used without it
         if torch.cuda.is_available():
             name = torch.cuda.get_device_name(0).lower()
             for needle, key in (("h200", "h200"), ("h100", "h100-sxm"), ("a100", "a100-80gb"), ("l40s", "l40s")):
@@ -94,9 +95,8 @@ def host_description() -> dict:
     """What provenance records about the machine, whatever the accelerator."""
     info = {"platform": platform.platform(), "machine": platform.machine(), "python": platform.python_version()}
     try:
-        import os
         info["cpu_count"] = os.cpu_count()
-        import torch
+        import torch  # lazy: torch takes seconds to import, and this module is used without it
         info["cuda_available"] = torch.cuda.is_available()
         if torch.cuda.is_available():
             info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -15,14 +15,14 @@ if TYPE_CHECKING:
 
 
 def write_weights(hf_state_dict: dict[str, "torch.Tensor"], out: Path) -> None:
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # lazy: safetensors.torch imports torch
     path = out / "model.safetensors"
     save_file(hf_state_dict, str(path), metadata={"format": "pt"})
     path.chmod(0o644)  # safetensors creates it owner-only; a server running as another user must read it
 
 
 def write_generation_config(out: Path) -> None:
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # lazy: transformers takes seconds to import
     GenerationConfig(bos_token_id=EOT, eos_token_id=EOT, pad_token_id=EOT).save_pretrained(out)
 
 

@@ -93,7 +93,7 @@ def registered_gguf(name: str) -> Path:
 
 def load_gguf(gguf: str | Path):
     """(model, tokenizer) dequantized from a GGUF by transformers; the model still has a quantization_config."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: transformers takes seconds to import
     gguf = Path(gguf)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -102,7 +102,7 @@ def load_gguf(gguf: str | Path):
 
 def plain_copy(model):
     """The same weights in a freshly built model class without quantization_config (save_pretrained accepts it)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # lazy: transformers takes seconds to import
     config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
@@ -168,7 +168,7 @@ def materialize(name_or_path: str, cache_dir: str | Path | None = None) -> str:
 
 
 def _tokenizer(source: str, trust_remote_code: bool):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers takes seconds to import
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -183,7 +183,7 @@ def load_tokenizer(name_or_path: str, cache_dir: str | Path | None = None, trust
 def load_causal_lm(name_or_path: str, dtype: str = "auto", device: str = "auto",
                    cache_dir: str | Path | None = None, trust_remote_code: bool = False):
     """(model in eval mode on `device`, tokenizer with a pad token) from a hub id, local folder or registry name."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # lazy: transformers takes seconds to import
     source = materialize(name_or_path, cache_dir)
     dev = resolve_device(device)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(dtype, dev), use_safetensors=True,

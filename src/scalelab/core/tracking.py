@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from scalelab.core.config import ConfigError
 from scalelab.core.jsonio import iter_jsonl
 
 
@@ -27,6 +28,7 @@ def _scalars(record: dict) -> dict[str, float]:
 
 class TensorBoardSink:
     def __init__(self, run_dir: Path):
+        # lazy: the TensorBoard writer needs torch and the optional tensorboard
         from torch.utils.tensorboard import SummaryWriter
         self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
@@ -42,7 +44,7 @@ class TensorBoardSink:
 
 class WandbSink:
     def __init__(self, run_dir: Path, project: str, name: str, config: dict):
-        import wandb
+        import wandb  # lazy: wandb is an optional tracker
         self.run = wandb.init(project=project, name=name, dir=str(run_dir), config=config, reinit=True)
 
     def log(self, record: dict) -> None:
@@ -60,7 +62,6 @@ TRACKERS = ("wandb", "tensorboard")
 
 def check_trackers(names: list[str], field: str = "run.trackers") -> None:
     """Refuse an unknown sink name at config load, naming the field and the allowed values."""
-    from scalelab.core.config import ConfigError
     bad = [t for t in names if t not in TRACKERS]
     if bad:
         raise ConfigError(f"config field '{field}': {bad[0]!r} is not a tracker; allowed values: "

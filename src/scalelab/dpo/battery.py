@@ -33,10 +33,15 @@ from typing import Any, Callable
 
 from scalelab.core.config import to_dict
 from scalelab.core.filelock import file_lock
+from scalelab.core.hfmodel import load_causal_lm, materialize, resolve_device, resolve_dtype, sha256_file
 from scalelab.core.jsonio import is_stored, read_json, write_json
 from scalelab.core.rundir import RunDir
 from scalelab.dpo import battery_stats as stats
 from scalelab.dpo.config import DpoConfig
+from scalelab.dpo.generate import greedy_generate
+from scalelab.evals import mtbench
+from scalelab.evals.harness import result_dict, run_lm_eval
+from scalelab.evals.tasks import get_task, shared_data_root
 
 BATTERY_VERSION = 1
 
@@ -52,13 +57,11 @@ class Part:
 
 
 def data_root(cfg: DpoConfig) -> Path:
-    from scalelab.evals.tasks import shared_data_root
     return Path(cfg.battery.data_dir) if cfg.battery.data_dir else shared_data_root()
 
 
 def eval_device_dtype(cfg: DpoConfig) -> tuple[str, str]:
     """('cpu' | 'cuda', 'float32' | 'bfloat16' | ...): the battery's override, else the model section's."""
-    from scalelab.core.hfmodel import resolve_device, resolve_dtype
     device = resolve_device(cfg.battery.device or cfg.model.device)
     dtype = resolve_dtype(cfg.battery.dtype or cfg.model.dtype, device)
     return device.type, str(dtype).removeprefix("torch.")
@@ -151,29 +154,26 @@ class Side:
 
 def load_model(cfg: DpoConfig, adapter: Path | None) -> tuple:
     """(model, tokenizer); with an adapter, base + LoRA merged (W + (alpha / r) B A, Hu et al. 2021)."""
-    from scalelab.core.hfmodel import load_causal_lm
     device, dtype = eval_device_dtype(cfg)
     model, tokenizer = load_causal_lm(cfg.model.name, dtype, device, cfg.model.cache_dir or None,
                                       cfg.model.trust_remote_code)
     if adapter is not None:
-        from peft import PeftModel
+        from peft import PeftModel  # lazy: peft is optional (the tune extra)
         model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().eval()
     return model, tokenizer
 
 
 def model_folder(cfg: DpoConfig) -> Path:
     """A local HF folder of the base model for lm-eval: the cached GGUF conversion, the folder, or a hub snapshot."""
-    from scalelab.core.hfmodel import materialize
     where = materialize(cfg.model.name, cfg.model.cache_dir or None)
     if Path(where).is_dir():
         return Path(where)
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # lazy: the hub client only for hub ids
     return Path(snapshot_download(where, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt",
                                                          "*.tiktoken"]))
 
 
 def adapter_sha256(adapter: Path) -> str:
-    from scalelab.core.hfmodel import sha256_file
     weights = adapter / "adapter_model.safetensors"
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: no adapter weights; train the run first (scalelab dpo train)")
@@ -184,7 +184,6 @@ def adapter_sha256(adapter: Path) -> str:
 
 
 def measure_lm_eval(part: Part, side: Side) -> dict:
-    from scalelab.evals.harness import result_dict, run_lm_eval
     s, (device, dtype) = part.spec, eval_device_dtype(side.cfg)
     r = run_lm_eval(model_folder(side.cfg), s["tasks"], source=s["source"], data_dir=s["data_dir"],
                     limit=s["limit"] or None, batch_size=s["batch_size"], device=device, dtype=dtype,
@@ -203,7 +202,6 @@ def measure_lm_eval(part: Part, side: Side) -> dict:
 
 def generation_examples(part: Part) -> list[tuple[Any, Any]]:
     """(task, example) for every task of the part, `n` examples of its split each."""
-    from scalelab.evals.tasks import get_task
     s, out = part.spec, []
     for t in s["tasks"]:
         task = get_task(t["task"], **t["options"])
@@ -216,7 +214,6 @@ def generation_examples(part: Part) -> list[tuple[Any, Any]]:
 
 def measure_generation(part: Part, side: Side) -> dict:
     """One greedy_generate over every example of the part; per example its score, length and limit flag."""
-    from scalelab.dpo.generate import greedy_generate
     s, pairs = part.spec, generation_examples(part)
     model, tokenizer = side.model()
     gens = greedy_generate(model, tokenizer, [ex.prompt for _, ex in pairs], s["max_new_tokens"], s["batch_size"])
@@ -236,7 +233,6 @@ def measure_generation(part: Part, side: Side) -> dict:
 
 def recording_generate(side: Side, max_new_tokens: int, batch_size: int, log: Path) -> Callable:
     """An MT-Bench GenerateFn on greedy_generate that appends each reply's length to `log` (jsonl)."""
-    from scalelab.dpo.generate import greedy_generate
 
     def generate(conversations: list[list[dict]]) -> list[str]:
         model, tokenizer = side.model()
@@ -250,16 +246,15 @@ def recording_generate(side: Side, max_new_tokens: int, batch_size: int, log: Pa
 
 
 def measure_mtbench(part: Part, side: Side) -> dict:
-    from scalelab.evals.mtbench import JudgeConfig, result_dict, run_mtbench
     s, b = part.spec, side.cfg.battery
     out = side.folder / f"{side.part_path(part).stem}-files"
     out.mkdir(parents=True, exist_ok=True)
     log = out / "lengths.jsonl"
-    judge = JudgeConfig(url=s["judge_url"], model=s["judge_model"], api_key_env=b.judge_api_key_env)
-    r = run_mtbench(recording_generate(side, s["max_new_tokens"], s["batch_size"], log), s["data_dir"], judge,
+    judge = mtbench.JudgeConfig(url=s["judge_url"], model=s["judge_model"], api_key_env=b.judge_api_key_env)
+    r = mtbench.run_mtbench(recording_generate(side, s["max_new_tokens"], s["batch_size"], log), s["data_dir"], judge,
                     limit=s["limit"] or None, out_dir=out)
     lengths = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
-    return {"result": result_dict(r), "lengths": lengths, "files": str(out)}
+    return {"result": mtbench.result_dict(r), "lengths": lengths, "files": str(out)}
 
 
 MEASURE: dict[str, Callable[[Part, Side], dict]] = {

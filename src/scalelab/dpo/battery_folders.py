@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from scalelab.core.config import ConfigError, config_from_dict, parse_override, read_toml
+from scalelab.dpo.battery import run_battery
 from scalelab.dpo.config import DpoConfig
 
 
@@ -41,7 +42,6 @@ def battery_folder(path: Path, config_file: str | Path | None = None, overrides:
     """(run folder, battery.json) for the run at `path` or every run of the sweep at `path`; REPORT.md after each
     run, and the sweep's REPORT.md at the end. With side "base" or "tuned" only that side's records are
     measured (battery.json None, no reports): several such processes can share a sweep, one per GPU."""
-    from scalelab.dpo.battery import run_battery
     from scalelab.dpo.report import is_run_dir, write_run_report
     from scalelab.dpo.sweep_report import find_runs, write_sweep_report
     single = is_run_dir(path)

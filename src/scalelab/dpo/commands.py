@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from scalelab.core.config import add_config_args
+from scalelab.core.config import add_config_args, format_description
+from scalelab.dpo.config import DpoConfig, load_dpo_config
+from scalelab.core.sections import ManifestError
+from scalelab.dpo.docs import docs, write_docs
+from scalelab.dpo.report import write_report
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -20,7 +25,7 @@ def _floats(text: str) -> list[float]:
 
 
 def _losses(text: str) -> list[str]:
-    from scalelab.dpo.train import LOSSES
+    from scalelab.dpo.train import LOSSES  # lazy: imports transformers' Trainer stack (peft with it)
     names = [x.strip() for x in text.split(",") if x.strip()]
     bad = [n for n in names if n not in LOSSES]
     if bad:
@@ -83,15 +88,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_describe)
 
 
+# The verbs below import their job when they run (imports inside functions): the CLI builds every job's
+# parser at start, and the job's modules load torch, transformers and trl on import.
 def _train(args: argparse.Namespace) -> int:
-    from scalelab.dpo.config import load_dpo_config
     from scalelab.dpo.run import run_dpo
     run_dpo(load_dpo_config(args.config, args.set))
     return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from scalelab.dpo.config import load_dpo_config
     from scalelab.dpo.run import run_sweep
     cfg = load_dpo_config(args.config, args.set)
     rows = run_sweep(cfg, args.beta, args.loss or [cfg.train.loss], args.name)
@@ -110,14 +115,11 @@ def _battery(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from scalelab.dpo.report import write_report
     print(write_report(Path(args.path)))
     return 0
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from scalelab.core.sections import ManifestError
-    from scalelab.dpo.docs import docs, write_docs
     try:
         if args.path.endswith(".toml"):
             print(docs(Path(args.path), Path(args.out) if args.out else None))
@@ -130,9 +132,7 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
-    import json
     from scalelab.core.hfmodel import load_causal_lm
-    from scalelab.dpo.config import load_dpo_config
     from scalelab.dpo.run import prepare_data, prepare_run_dir
     cfg = load_dpo_config(args.config, args.set)
     rd = prepare_run_dir(cfg)
@@ -156,7 +156,5 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from scalelab.core.config import format_description
-    from scalelab.dpo.config import DpoConfig
     print(format_description(DpoConfig))
     return 0

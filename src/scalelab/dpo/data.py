@@ -161,7 +161,7 @@ def _open_text(path: Path):
 
 def _iter_file(path: Path) -> Iterator[tuple[str, dict | str]]:
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow only for parquet data
         for i, row in enumerate(pq.read_table(path).to_pylist(), 1):
             yield f"{path}:{i}", row
         return
@@ -187,7 +187,7 @@ def iter_local_rows(path: str | Path) -> Iterator[tuple[str, dict | str]]:
 
 
 def iter_hub_rows(hub_id: str, split: str, subset: str = "") -> Iterator[tuple[str, dict]]:
-    from datasets import load_dataset
+    from datasets import load_dataset  # lazy: datasets is optional (the hub extra; trl brings it)
     ds = load_dataset(hub_id, data_dir=subset or None, split=split)
     for i, row in enumerate(ds, 1):
         yield f"{hub_id}{'/' + subset if subset else ''}[{split}]:{i}", row

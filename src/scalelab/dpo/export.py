@@ -31,7 +31,7 @@ def base_of(adapter_dir: str | Path) -> str:
 def merge_adapter(base: str, adapter: str | Path, out: str | Path, cache_dir: str = "",
                   dtype: str = "float32") -> Path:
     """Load base (registry name, hub id or folder), apply the adapter, merge, save safetensors + tokenizer."""
-    from peft import PeftModel
+    from peft import PeftModel  # lazy: peft is optional (the tune extra)
     model, tokenizer = load_causal_lm(base, dtype=dtype, device="cpu", cache_dir=cache_dir or None)
     merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     out = Path(out)
@@ -53,7 +53,7 @@ def push_folder(folder: str | Path, repo_id: str, private: bool = True,
     if not token:
         raise RuntimeError("hub push needs the environment variable HF_TOKEN (it is read from there only)")
     if api_factory is None:
-        from huggingface_hub import HfApi as api_factory
+        from huggingface_hub import HfApi as api_factory  # lazy: the hub client only for hub ids
     api = api_factory(token=token)
     api.create_repo(repo_id=repo_id, private=private, exist_ok=True)
     info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message="scalelab dpo adapter")

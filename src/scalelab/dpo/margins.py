@@ -226,7 +226,7 @@ def plot_margins(records: list[dict], out: str | Path) -> Path | None:
     """Left: margin histograms over training. Right: mean +- std margin and reward accuracy per step."""
     if not records:
         return None
-    import matplotlib
+    import matplotlib  # lazy: matplotlib only when a figure is drawn
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax_h, ax_t) = plt.subplots(1, 2, figsize=(11, 4))

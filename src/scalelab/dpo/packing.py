@@ -128,11 +128,13 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     """
     blocks = kwargs.pop(PACK_KWARG, None)
     if blocks is None:
+        # lazy: transformers takes seconds to import
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     if kwargs.get("sliding_window") is not None:
         raise NotImplementedError("packed DPO forward: sliding-window attention layers are not supported")
+    # lazy: torch takes seconds to import, and this module is used without it
     from torch.nn.attention.bias import causal_lower_right
     n_rep = query.shape[1] // key.shape[1]
     outs = []
@@ -153,7 +155,7 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
 
 def register_attention() -> None:
     """Make ATTN_NAME a transformers attention implementation whose masks are sdpa's."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # lazy: transformers takes seconds to import
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     AttentionInterface.register(ATTN_NAME, packed_sdpa_attention)
     AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)

@@ -7,6 +7,7 @@ Metric sinks mirror metrics.jsonl.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import statistics
 import time
@@ -14,17 +15,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from scalelab.core.config import to_dict
-from scalelab.core.hfmodel import load_causal_lm
-from scalelab.core.jsonio import read_bytes, read_json, stored
+from scalelab.core.config import config_from_dict, to_dict
+from scalelab.core.hfmodel import load_causal_lm, sha256_file
+from scalelab.core.jsonio import read_bytes, read_json, stored, write_json
 from scalelab.core.provenance import folder_provenance
 from scalelab.core.rundir import RunDir
 from scalelab.core.tracking import mirrored_metrics
 from scalelab.dpo import sweep_report
+from scalelab.dpo.battery import run_battery, summary_line
 from scalelab.dpo.config import DpoConfig
 from scalelab.dpo.data import PreferencePair, load_pairs, split_by_prompt, subsample
+from scalelab.dpo.export import push_folder, write_base_record
+from scalelab.dpo.predict import ModelShape, predict, write_predictions
 from scalelab.dpo.report import write_run_report
 from scalelab.dpo.runfiles import results_from_run, this_training
+from scalelab.dpo.verifier_pairs import build_verifier_set, manifest_key, manifest_path, reusable, write_verifier_set
+from scalelab.evals.tasks import get_task
 
 # ---------------------------------------------------------------------------------------------
 # data
@@ -43,12 +49,9 @@ def _print_sampling(done: int, total: int) -> None:
 
 def verifier_jsonl(cfg: DpoConfig, rd: RunDir, load_model: Callable[[], tuple]) -> tuple[Path, dict]:
     """The verifier-built set for this config: reused when its manifest matches, else sampled and written."""
-    from scalelab.dpo.verifier_pairs import (build_verifier_set, manifest_key, manifest_path, reusable,
-                                             write_verifier_set)
     path = Path(cfg.data.path) if cfg.data.path else rd.path / "preferences.jsonl"
     key = manifest_key(cfg.model.name, cfg.verifier)
     if not (cfg.verifier.reuse and reusable(path, key)):
-        from scalelab.evals.tasks import get_task
         model, tokenizer = load_model()
         task = get_task(cfg.verifier.task, **cfg.verifier.task_options)
         pairs, summary = build_verifier_set(model, tokenizer, task, cfg.verifier, on_batch=_print_sampling)
@@ -65,7 +68,6 @@ def prepare_data(cfg: DpoConfig, rd: RunDir, load_model: Callable[[], tuple]) ->
         path, extra = verifier_jsonl(cfg, rd, load_model)
         loaded, info = load_pairs("pairs", str(path), strict=d.strict), {**info, "path": str(path), **extra}
     else:
-        from scalelab.core.hfmodel import sha256_file
         loaded = load_pairs(d.source, d.path, d.split, d.subset, strict=d.strict)
         info["path"] = d.path or "(hub default)"
         if d.path and Path(d.path).is_file():
@@ -84,12 +86,11 @@ def prepare_data(cfg: DpoConfig, rd: RunDir, load_model: Callable[[], tuple]) ->
 
 
 def model_shape(model, cfg: DpoConfig):
-    import torch
-    from scalelab.dpo.predict import ModelShape
+    import torch  # lazy: torch takes seconds to import, and this module is used without it
     targets = set(cfg.lora.target_modules)
     lora = sum(cfg.lora.rank * (m.in_features + m.out_features) for name, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets)
-    from scalelab.dpo.train import memory_in_use_bytes
+    from scalelab.dpo.train import memory_in_use_bytes  # lazy: imports transformers' Trainer stack (peft with it)
     p = next(model.parameters())
     if p.device.type == "cpu":  # safetensors are memory-mapped: page the weights in so the RSS counts them
         with torch.no_grad():
@@ -101,7 +102,7 @@ def model_shape(model, cfg: DpoConfig):
 
 
 def mean_sequence_tokens(tokenizer, pairs: list[PreferencePair], max_length: int, sample: int = 64) -> float:
-    from scalelab.dpo.margins import tokenize_pair
+    from scalelab.dpo.margins import tokenize_pair  # lazy: imports transformers' Trainer stack (peft with it)
     lengths = []
     for p in pairs[:sample]:
         t = tokenize_pair(tokenizer, p.to_trl())
@@ -124,8 +125,7 @@ def prepare_run_dir(cfg: DpoConfig) -> RunDir:
 
 
 def _predict(cfg: DpoConfig, rd: RunDir, model, tokenizer, data: PreparedData, resuming: bool) -> None:
-    from scalelab.dpo.predict import predict, write_predictions
-    from scalelab.dpo.train import LOSSES
+    from scalelab.dpo.train import LOSSES  # lazy: imports transformers' Trainer stack (peft with it)
     if resuming and (rd.path / "predictions.json").is_file():  # a resumed run keeps its original predictions
         return
     seq = mean_sequence_tokens(tokenizer, data.train, cfg.train.max_length)
@@ -135,7 +135,7 @@ def _predict(cfg: DpoConfig, rd: RunDir, model, tokenizer, data: PreparedData, r
 
 
 def _callbacks(cfg: DpoConfig, rd: RunDir, model, tokenizer, data: PreparedData) -> list:
-    from scalelab.dpo.margins import MarginCallback
+    from scalelab.dpo.margins import MarginCallback  # lazy: imports transformers' Trainer stack (peft with it)
     from scalelab.dpo.train import RunLogCallback
     eval_pairs = (data.val or data.train)[:cfg.margins.eval_pairs]
     rd.log_event("margins_subset", split="val" if data.val else "train", n_pairs=len(eval_pairs))
@@ -153,8 +153,7 @@ def check_same_data(rd: RunDir, info: dict) -> None:
 
 
 def train_run(cfg: DpoConfig, rd: RunDir) -> dict:
-    from scalelab.dpo.export import push_folder, write_base_record
-    from scalelab.dpo.margins import plot_margins
+    from scalelab.dpo.margins import plot_margins  # lazy: imports transformers' Trainer stack (peft with it)
     from scalelab.dpo.train import TrainerInputs, build_trainer, resume_point, save_adapter, train
     t0 = time.perf_counter()
     model, tokenizer = load_causal_lm(cfg.model.name, cfg.model.dtype, cfg.model.device,
@@ -195,7 +194,6 @@ def run_dpo(cfg: DpoConfig) -> dict:
 def finish_run(cfg: DpoConfig, rd: RunDir) -> None:
     """The regression battery when enabled (dpo.battery), then REPORT.md from the folder."""
     if cfg.battery.enabled:
-        from scalelab.dpo.battery import run_battery, summary_line
         print(f"battery: {summary_line(run_battery(cfg, rd.path))}")
     print(f"report: {write_run_report(rd.path)}")
 
@@ -227,8 +225,6 @@ def format_results(r: dict) -> str:
 
 def sweep_configs(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_name: str) -> list[DpoConfig]:
     """Configs of a sweep under <out_dir>/<sweep_name>/<loss>-beta<beta>; a verifier set is built once."""
-    import copy
-    from scalelab.core.config import config_from_dict
     root = Path(cfg.run.out_dir) / sweep_name
     out = []
     for loss in losses:
@@ -245,7 +241,6 @@ def sweep_configs(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_n
 def run_sweep(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_name: str) -> list[dict]:
     """Run every config of the sweep in turn; <sweep>/sweep.json keeps one summary row per run, so a later
     invocation into the same folder (say IPO and ORPO after the DPO betas) adds its rows beside the earlier ones."""
-    from scalelab.core.jsonio import write_json
     index = Path(cfg.run.out_dir) / sweep_name / "sweep.json"
     earlier = read_json(index)["runs"] if index.is_file() else []
     rows = []

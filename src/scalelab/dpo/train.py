@@ -24,10 +24,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from transformers import TrainerCallback
+from torch.utils.data import DataLoader
+from transformers import PrinterCallback, TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
 
 from scalelab.core.rundir import RunDir
 from scalelab.dpo.config import DpoConfig
+from scalelab.dpo.packing import enable_packing
 
 GIB = 2**30
 
@@ -51,7 +54,7 @@ class TrainerInputs:
 
 
 def lora_config(cfg: DpoConfig):
-    from peft import LoraConfig
+    from peft import LoraConfig  # lazy: peft is optional (the tune extra)
     return LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                       target_modules=list(cfg.lora.target_modules), bias="none", task_type="CAUSAL_LM")
 
@@ -75,7 +78,7 @@ def common_args(inp: TrainerInputs) -> dict:
 
 
 def _dataset(rows: list[dict]):
-    from datasets import Dataset
+    from datasets import Dataset  # lazy: datasets is optional (the hub extra; trl brings it)
     return Dataset.from_list(rows)
 
 
@@ -84,8 +87,7 @@ def precompute_reference(trainer, dataset, batch_size: int):
     from TRL's own `compute_ref_log_probs` (adapter disabled), one pass in dataset order. TRL's
     precompute_ref_log_probs does the same after a sha256 of a float32 CPU copy of every weight (the key of its
     disk cache), which sends a 7B model's 15 GB through the host on every run."""
-    from datasets import Value
-    from torch.utils.data import DataLoader
+    from datasets import Value  # lazy: datasets is optional (the hub extra; trl brings it)
     loader = DataLoader(dataset, batch_size=batch_size, collate_fn=trainer.data_collator, shuffle=False)
     device = trainer.accelerator.device
     chosen, rejected = [], []
@@ -106,9 +108,8 @@ def _sync(device: torch.device) -> None:
 def dpo_trainer_class():
     """TRL's DPOTrainer with train.packing (scalelab.dpo.packing) and an in-memory reference precompute whose
     wall time is kept in `ref_precompute_s`. Built on first use so that importing this module stays light."""
-    from accelerate.utils import is_peft_model
-    from trl import DPOTrainer
-    from scalelab.dpo.packing import enable_packing
+    from accelerate.utils import is_peft_model  # lazy: accelerate is optional (the tune extra)
+    from trl import DPOTrainer  # lazy: trl is optional (the tune extra)
 
     class ScalelabDPOTrainer(DPOTrainer):
         def __init__(self, *args, packing: str = "none", precompute_ref: bool = False, **kwargs):
@@ -135,7 +136,7 @@ def dpo_trainer_class():
 
 def _dpo_family(loss_type: str) -> Callable[[TrainerInputs], object]:
     def build(inp: TrainerInputs):
-        from trl import DPOConfig
+        from trl import DPOConfig  # lazy: trl is optional (the tune extra)
         t = inp.cfg.train
         args = DPOConfig(**common_args(inp), loss_type=[loss_type])
         return dpo_trainer_class()(model=inp.model, args=args, train_dataset=_dataset(inp.train_rows),
@@ -146,7 +147,7 @@ def _dpo_family(loss_type: str) -> Callable[[TrainerInputs], object]:
 
 
 def _orpo(inp: TrainerInputs):
-    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer  # lazy: trl is optional (the tune extra)
     args = ORPOConfig(**common_args(inp))
     return ORPOTrainer(model=inp.model, args=args, train_dataset=_dataset(inp.train_rows),
                        processing_class=inp.tokenizer, callbacks=list(inp.callbacks),
@@ -162,7 +163,6 @@ LOSSES: dict[str, LossSpec] = {s.name: s for s in [
 
 def build_trainer(inp: TrainerInputs):
     """The trainer for cfg.train.loss, without transformers' per-log dict printer (RunLogCallback prints)."""
-    from transformers import PrinterCallback
     if inp.cfg.train.loss not in LOSSES:
         raise KeyError(f"unknown loss {inp.cfg.train.loss!r}; known: {', '.join(LOSSES)}")
     trainer = LOSSES[inp.cfg.train.loss].build(inp)
@@ -251,7 +251,6 @@ def format_step(step: int, max_steps: int, logs: dict, step_s: float) -> str:
 
 
 def last_checkpoint(output_dir: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
     return get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
 
 

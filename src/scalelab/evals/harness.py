@@ -31,6 +31,7 @@ import os
 import re
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, Sequence
@@ -157,7 +158,7 @@ def parse_fewshot(items: Sequence[str]) -> dict[str, int]:
 def _read_yaml_keys(path: Path) -> dict:
     """A task YAML as plain data, its includes merged under it (as lm-eval merges them); `!function`
     references stay text, as only the task/group keys and data_files are read here."""
-    import yaml
+    import yaml  # lazy: PyYAML comes with lm-eval, not as a dependency of its own
 
     class Loader(yaml.SafeLoader):
         pass
@@ -201,7 +202,7 @@ def _binding(path: Path, converted: Mapping[str, localdata.ConvertedData], hf_ca
 
 def bind_local_tasks(converted: Mapping[str, localdata.ConvertedData], cache_dir: Path) -> Path:
     """<cache>/tasks-<sha16>/: one binding per packaged group YAML and per task YAML whose data is converted."""
-    import yaml
+    import yaml  # lazy: PyYAML comes with lm-eval, not as a dependency of its own
     bindings = {}
     for path in sorted(PACKAGE_TASK_DIR.rglob("*.yaml")):
         b = _binding(path.resolve(), converted, cache_dir.resolve() / "hf-datasets")
@@ -223,7 +224,7 @@ def bind_local_tasks(converted: Mapping[str, localdata.ConvertedData], cache_dir
 def task_manager(specs: Sequence[TaskSpec], source: Source, task_dir: Path | None):
     """A TaskManager that indexes only the folders the requested tasks live in: lm-eval's full index reads
     ~15,000 YAML files (about a minute on a busy CPU), for seven tasks."""
-    import lm_eval.tasks
+    import lm_eval.tasks  # lazy: lm-eval is heavy to import and needed only to evaluate
     from lm_eval.tasks import TaskManager
     if source == "local":
         return TaskManager(include_path=str(task_dir), include_defaults=False)
@@ -346,7 +347,7 @@ REQUEST_ARGS: dict[str, Any] = {"system_instruction": None, "apply_chat_template
 def fewshot_seed() -> int:
     """The seed of each task's few-shot sampler: lm-eval's default, passed to simple_evaluate explicitly so
     that requests built ahead of it (build_requests) draw the same exemplars."""
-    from lm_eval.defaults import DEFAULT_OTHER_SEED
+    from lm_eval.defaults import DEFAULT_OTHER_SEED  # lazy: lm-eval is heavy to import and needed only to evaluate
     return DEFAULT_OTHER_SEED
 
 
@@ -366,8 +367,8 @@ def requests_key(leaves: Mapping[str, Any], seed: int) -> dict:
     files, the few-shot seed, and the lm-eval and datasets versions that read them. No model or tokenizer:
     requests are text (token ids are keyed apart, by tokenizer). lm-eval's own cache file name holds only the
     task name and shot count, hence this folder level."""
-    import datasets
-    import lm_eval
+    import datasets  # lazy: datasets is optional (the hub extra; trl brings it)
+    import lm_eval  # lazy: lm-eval is heavy to import and needed only to evaluate
     configs = {name: json.loads(_ADDRESS.sub("", json.dumps(t.dump_config(), sort_keys=True, default=str)))
                for name, t in sorted(leaves.items())}
     return {"format": REQUESTS_FORMAT, "lm_eval": lm_eval.__version__, "datasets": datasets.__version__,
@@ -379,7 +380,7 @@ def requests_key(leaves: Mapping[str, Any], seed: int) -> dict:
 def lm_eval_cache_path(folder: Path) -> Iterator[None]:
     """Point lm-eval's request cache at `folder` meanwhile. Its location is a module global, read from
     LM_HARNESS_CACHE_PATH once at import (default: inside the installed package), so this sets the global."""
-    from lm_eval.caching import cache
+    from lm_eval.caching import cache  # lazy: lm-eval is heavy to import and needed only to evaluate
     before = cache.PATH
     cache.PATH = str(folder)
     try:
@@ -469,7 +470,6 @@ class ChoiceTooLongError(EvalInputError):
 def explain_assertion(e: AssertionError, model_path: Path) -> Exception:
     """lm-eval's bare `assert len(continuation_enc) <= self.max_length` as an error that says what to do;
     any other assertion is returned as it was."""
-    import traceback
     frames = traceback.extract_tb(e.__traceback__)
     if not frames or "continuation_enc" not in (frames[-1].line or ""):
         return e
@@ -490,11 +490,11 @@ def run_lm_eval(model_path: str | Path, tasks: str | Sequence[str], source: Sour
 
     request_cache: a folder where the requests (and, per tokenizer, their token ids) are kept for every later
     run with the same task spec; source="local" only. The per-item results are the same with or without."""
-    import lm_eval
-    import torch
-    import transformers
+    import lm_eval  # lazy: lm-eval is heavy to import and needed only to evaluate
+    import torch  # lazy: torch takes seconds to import, and this module is used without it
+    import transformers  # lazy: transformers takes seconds to import
 
-    from scalelab.evals.tokencache import TokenCachedHFLM
+    from scalelab.evals.tokencache import TokenCachedHFLM  # lazy: tokencache imports lm_eval
     model_path, specs, fewshot = Path(model_path), resolve_tasks(tasks), dict(num_fewshot or {})
     _check_inputs(model_path, source, specs, fewshot, limit, request_cache)
     data, task_dir = prepare_local(specs, data_dir, cache_dir) if source == "local" else ((), None)

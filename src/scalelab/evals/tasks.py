@@ -199,7 +199,7 @@ def require_fields(row: dict[str, Any], fields: tuple[str, ...], where: str) -> 
 def hub_records(hub_id: str, split: str, config: str | None = None) -> list[dict[str, Any]]:
     """One split of a hub dataset as plain rows (needs the `datasets` package: pip install scalelab[hub])."""
     try:
-        import datasets
+        import datasets  # lazy: datasets is optional (the hub extra; trl brings it)
     except ImportError:
         raise DataError(f"{hub_id}: loading from the hub needs the 'datasets' package "
                         "(pip install 'scalelab[hub]'), or pass a local path as source") from None

@@ -26,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import lm_eval
 import numpy as np
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import _add_special_kwargs, has_bos_prefix
@@ -136,9 +137,8 @@ class TokenCachedHFLM(HFLM):
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is None:
             return None
-        import lm_eval
-        import tokenizers
-        import transformers
+        import tokenizers  # lazy: tokenizers comes with transformers, needed only here
+        import transformers  # lazy: transformers takes seconds to import
         text = json.dumps({"class": type(self.tokenizer).__name__, "backend": backend.to_str(),
                            "add_bos_token": self.add_bos_token, "prefix_token_id": self.prefix_token_id,
                            "lm_backend": self.backend, "lm_eval": lm_eval.__version__,

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from scalelab.grpo.advantages import token_logprobs
-from scalelab.grpo.rollout import RolloutBatch
+from scalelab.grpo.types import RolloutBatch
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalelab.core.config import add_config_args
+from scalelab.core.config import add_config_args, format_description
+from scalelab.grpo.capabilities import capabilities
+from scalelab.grpo.config import GrpoConfig, load_grpo_config
+from scalelab.grpo.report import DeadZoneRule, build_report
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -15,8 +18,8 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 def _study_args(p: argparse.ArgumentParser, heldout: bool = True) -> None:
     _config_args(p)
     p.add_argument("--isolate", choices=("auto", "yes", "no"), default="auto",
-                   help="each run in its own process; auto = yes for rollout.engine=vllm_colocated, whose GPU "
-                        "memory is not fully handed back in-process")
+                   help="each run in its own process; auto = yes for an engine whose GPU memory is not fully "
+                        "handed back in-process (rollout.engine=vllm_colocated)")
     p.add_argument("--jobs", type=int, default=1, help="isolated runs at once (small models share one GPU well)")
     if heldout:
         p.add_argument("--no-heldout", action="store_true", help="skip the held-out pass@1 of each run")
@@ -88,10 +91,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_describe)
 
 
+# The verbs below import their job when they run (imports inside functions): the CLI builds every job's
+# parser at start, and the job's modules load torch and transformers on import.
 def _train(args: argparse.Namespace) -> int:
-    from scalelab.grpo.config import load_grpo_config
     from scalelab.grpo.distributed import env_rank
-    from scalelab.grpo.report import build_report
     from scalelab.grpo.train import train
     cfg = load_grpo_config(args.config, args.set)
     results = train(cfg)
@@ -112,8 +115,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _isolate(args: argparse.Namespace) -> bool:
     if args.isolate != "auto":
         return args.isolate == "yes"
-    from scalelab.grpo.config import load_grpo_config
-    return load_grpo_config(args.config, args.set).rollout.engine == "vllm_colocated"
+    return capabilities(load_grpo_config(args.config, args.set).rollout.engine).isolate_runs
 
 
 def _seeds(args: argparse.Namespace) -> int:
@@ -144,7 +146,6 @@ def _hacking(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from scalelab.grpo.report import DeadZoneRule, build_report
     path = build_report(args.run_dir, DeadZoneRule(args.dead_util_pct, args.dead_min_s))
     print(f"wrote {path} and {path.parent / 'figures'}/*.png")
     return 0
@@ -165,7 +166,5 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from scalelab.core.config import format_description
-    from scalelab.grpo.config import GrpoConfig
     print(format_description(GrpoConfig))
     return 0

@@ -9,12 +9,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from scalelab.core.config import ConfigError, load_config, param, section
-
-# Which trainer -> engine weight-sync methods each rollout engine implements (rollout.py, weightsync.py).
-ENGINE_SYNC_METHODS: dict[str, tuple[str, ...]] = {
-    "hf": ("shared", "inplace"), "vllm_server": ("safetensors", "lora_adapter", "nccl"),
-    "vllm_colocated": ("inplace",)}
-
+from scalelab.grpo.capabilities import capabilities
 
 @dataclass
 class LoraConfig:
@@ -268,9 +263,10 @@ class GrpoConfig:
 
     def validate(self) -> None:
         engine, sync = self.rollout.engine, self.rollout.weight_sync
-        if sync != "auto" and sync not in ENGINE_SYNC_METHODS[engine]:
+        methods = capabilities(engine).sync_methods
+        if sync != "auto" and sync not in methods:
             raise ConfigError(f"config field 'rollout.weight_sync': {sync!r} does not work with rollout.engine="
-                              f"{engine!r}; allowed: 'auto', {', '.join(map(repr, ENGINE_SYNC_METHODS[engine]))}")
+                              f"{engine!r}; allowed: 'auto', {', '.join(map(repr, methods))}")
         if self.rollout.weight_sync == "lora_adapter" and not self.model.lora.enabled:
             raise ConfigError("config field 'rollout.weight_sync': 'lora_adapter' needs model.lora.enabled=true")
         if sync == "nccl":

@@ -11,6 +11,11 @@ import argparse
 import shutil
 from pathlib import Path
 
+from scalelab.grpo.config import load_grpo_config
+from scalelab.grpo.heldout import headline
+from scalelab.grpo.report import build_report
+from scalelab.grpo.train import train
+
 REPO = Path(__file__).resolve().parents[3]
 CONFIG = REPO / "configs" / "grpo" / "tiny-cpu.toml"
 DEMO_OVERRIDES = ("run.name=demo-cpu", "train.max_steps=6", "train.checkpoint_every=0", "data.prompts_per_step=2",
@@ -21,10 +26,6 @@ DEMO_OVERRIDES = ("run.name=demo-cpu", "train.max_steps=6", "train.checkpoint_ev
 def grpo_demo(args: argparse.Namespace) -> str:
     """Train the shortened tiny-cpu run from scratch, write its report; one line for the demo's summary.
     `args.grpo_set` (optional) adds --set overrides after the demo's own."""
-    from scalelab.grpo.config import load_grpo_config
-    from scalelab.grpo.heldout import headline
-    from scalelab.grpo.report import build_report
-    from scalelab.grpo.train import train
     if not CONFIG.is_file():
         raise FileNotFoundError(f"{CONFIG} not found: run the demo from a checkout of scalelab")
     cfg = load_grpo_config(CONFIG, [*DEMO_OVERRIDES, *getattr(args, "grpo_set", ())])

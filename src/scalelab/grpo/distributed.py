@@ -48,8 +48,9 @@ import torch
 import torch.distributed as tdist
 
 from scalelab.core.rundir import RunDir
-from scalelab.grpo.rollout import RolloutBatch
+from scalelab.grpo.capabilities import capabilities
 from scalelab.grpo.telemetry import StepTiming
+from scalelab.grpo.types import RolloutBatch
 
 # Rank 0 evaluates the held-out split alone while the others wait in a collective; the default timeout
 # (10 min for NCCL) would kill a long evaluation of a 7B model, so the wait may last this long.
@@ -210,11 +211,10 @@ def check_world(cfg: Any, dist: Dist) -> None:
     if cfg.data.prompts_per_step < dist.world:
         raise ValueError(f"data.prompts_per_step={cfg.data.prompts_per_step} is fewer than the {dist.world} "
                          f"ranks: every rank needs at least one prompt (whole groups stay on one rank)")
-    if cfg.rollout.engine == "vllm_colocated":
-        raise ValueError("rollout.engine='vllm_colocated' under torchrun needs vLLM's external-launcher executor "
-                         "(one engine per rank in the torchrun process group), which the engine does not set up "
-                         "yet; use 'hf', or 'vllm_server' (one server per rank on the rank's GPU)")
-    if cfg.rollout.engine == "vllm_server" and cfg.rollout.server.gpus:
+    caps = capabilities(cfg.rollout.engine)
+    if not caps.torchrun:
+        raise ValueError(f"rollout.engine={cfg.rollout.engine!r} under torchrun {caps.torchrun_refusal}")
+    if caps.server_per_rank and cfg.rollout.server.gpus:
         raise ValueError(f"rollout.server.gpus={cfg.rollout.server.gpus!r} under torchrun: each rank starts its "
                          f"own server on its own GPU; leave it '' (one GPU list cannot name N servers' GPUs)")
 
@@ -227,7 +227,7 @@ def visible_gpu(local_rank: int) -> str:
 
 def engine_config(cfg: Any, dist: Dist) -> Any:
     """The config the rank's engine is built from: a vLLM server per rank on the rank's GPU, on its own port."""
-    if not dist.distributed or cfg.rollout.engine != "vllm_server":
+    if not dist.distributed or not capabilities(cfg.rollout.engine).server_per_rank:
         return cfg
     out = copy.deepcopy(cfg)
     s = out.rollout.server

@@ -21,10 +21,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from scalelab.core.jsonio import is_stored, read_json, write_json
-from scalelab.grpo.config import GrpoConfig
-from scalelab.grpo.parts import encode_prompt
+from scalelab.evals.tasks import score_example
+from scalelab.grpo.checkpoint import load_trainable
+from scalelab.grpo.config import GrpoConfig, load_grpo_config
+from scalelab.grpo.parts import build_parts, encode_prompt, heldout_examples, open_engine
 from scalelab.grpo.passk import mean_pass_at_k, paired_bootstrap
-from scalelab.grpo.rollout import SamplingParams
+from scalelab.grpo.types import SamplingParams
+from scalelab.grpo.weightsync import sync_weights
 
 Scorer = Callable[[Any, str], bool]
 
@@ -79,7 +82,6 @@ class PolicyEval:
 
 
 def default_scorer(example: Any, text: str) -> bool:
-    from scalelab.evals.tasks import score_example
     return score_example(example, text).correct
 
 
@@ -203,10 +205,6 @@ def eval_run(run_dir: str | Path, force: bool = False, parts: Any = None,
              log: Callable[[str], None] = print) -> dict:
     """Score the base policy and the run's checkpoint on the held-out split (each only when its file is missing,
     or `force`), then write eval/summary.json; returns the summary."""
-    from scalelab.grpo.checkpoint import load_trainable
-    from scalelab.grpo.config import load_grpo_config
-    from scalelab.grpo.parts import build_parts, heldout_examples, open_engine
-    from scalelab.grpo.weightsync import sync_weights
     run_dir = Path(run_dir)
     ckpt = run_dir / "checkpoint.pt"
     if not ckpt.is_file():

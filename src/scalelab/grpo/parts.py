@@ -10,10 +10,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from scalelab.core.hfmodel import load_causal_lm
+from scalelab.evals import rewards
+from scalelab.evals.tasks import get_task
+from scalelab.grpo.capabilities import resolve_method
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.curriculum import stage_options
-from scalelab.grpo.rollout import EngineContext, SamplingParams, build_engine
-from scalelab.grpo.weightsync import resolve_method, sync_weights
+from scalelab.grpo.engines import build_engine
+from scalelab.grpo.types import EngineContext, RolloutEngine, SamplingParams
+from scalelab.grpo.weightsync import sync_weights
 
 RewardFn = Callable[[list[str], list[Any]], list[float]]
 
@@ -33,7 +38,7 @@ class Parts:
 
 
 def apply_lora(model: Any, lora: Any) -> Any:
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # lazy: peft is optional (the tune extra)
     cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                      target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)
@@ -50,7 +55,6 @@ def prepare_policy(model: Any, cfg: GrpoConfig) -> tuple[Any, Any]:
 
 
 def reward_functions(cfg: GrpoConfig) -> list[tuple[str, float, RewardFn]]:
-    from scalelab.evals import rewards
     weights = cfg.data.reward_weights or [1.0] * len(cfg.data.rewards)
     options = cfg.data.reward_options
     return [(name, w, rewards.get_reward(name, **options.get(name, {}))) for name, w in zip(cfg.data.rewards, weights)]
@@ -58,7 +62,6 @@ def reward_functions(cfg: GrpoConfig) -> list[tuple[str, float, RewardFn]]:
 
 def training_stages(cfg: GrpoConfig) -> list[list[Any]]:
     """Training examples of each curriculum stage (one stage, the target, without a curriculum)."""
-    from scalelab.evals.tasks import get_task
     d = cfg.data
     return [list(get_task(d.task, **opts).load(d.split, source=d.source, limit=d.limit or None, seed=cfg.train.seed))
             for opts in stage_options(d.task_options, d.curriculum.levels)]
@@ -68,7 +71,6 @@ def heldout_examples(cfg: GrpoConfig, oversample: int = 4) -> list[Any]:
     """The target task's eval split, the same for every training seed (eval.data_seed): the first eval.limit
     distinct prompts. Procedural tasks repeat problems when the space is small (1-digit sums have ~10 held-out
     ones), and a repeated problem counted twice would narrow the paired interval without new evidence."""
-    from scalelab.evals.tasks import get_task
     d, e = cfg.data, cfg.eval
     rows = get_task(d.task, **d.task_options).load(e.split, source=d.source, limit=oversample * e.limit,
                                                    seed=e.data_seed)
@@ -83,7 +85,6 @@ def heldout_examples(cfg: GrpoConfig, oversample: int = 4) -> list[Any]:
 
 def build_parts(cfg: GrpoConfig) -> Parts:
     """Model (core.hfmodel), task examples (evals.tasks) and reward functions (evals.rewards) by name."""
-    from scalelab.core.hfmodel import load_causal_lm
     torch.manual_seed(cfg.train.seed)  # LoRA init
     model, tokenizer = load_causal_lm(cfg.model.name, cfg.model.dtype, cfg.train.device,
                                       cfg.model.cache_dir or None)
@@ -135,7 +136,7 @@ def sampling_for_prompt(cfg: GrpoConfig, step: int, position: int) -> SamplingPa
 
 
 def open_engine(cfg: GrpoConfig, parts: Parts, workdir: Path, version: int,
-                log_event: Callable[..., Any] = lambda *a, **k: None) -> tuple[Any, str]:
+                log_event: Callable[..., Any] = lambda *a, **k: None) -> tuple[RolloutEngine, str]:
     """(engine holding the policy's current weights as `version`, resolved sync method)."""
     method = resolve_method(cfg.rollout.weight_sync, cfg.rollout.engine, cfg.model.lora.enabled)
     ctx = EngineContext(parts.policy, parts.tokenizer, cfg.rollout, cfg.model.lora.r if cfg.model.lora.enabled else 0,
@@ -143,7 +144,7 @@ def open_engine(cfg: GrpoConfig, parts: Parts, workdir: Path, version: int,
     engine = build_engine(cfg.rollout.engine, ctx)
     try:
         log_event("rollout_engine", engine=engine.name, weight_sync=method,
-                  **(engine.describe() if hasattr(engine, "describe") else {}))
+                  **engine.describe())
         first = sync_weights(method, parts.policy, engine, version, workdir / "sync")
         log_event("initial_sync", **asdict(first))
     except BaseException:

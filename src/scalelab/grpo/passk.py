@@ -79,7 +79,7 @@ class SeedInterval:
 
 
 def seed_interval(values: Sequence[float], confidence: float = 0.95) -> SeedInterval:
-    from scipy.stats import t as student_t
+    from scipy.stats import t as student_t  # lazy: scipy takes a second to import
     v = np.asarray(values, dtype=float)
     if v.size == 0:
         raise ValueError("seed_interval: no values")

@@ -39,8 +39,9 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 def char_tokenizer(chars: Sequence[str] = CHARS) -> Any:
     """One token per character, ids 0-2 special (pad, eos, bos), unknown characters -> pad, with a plain chat
     template."""
+    # lazy: tokenizers comes with transformers, needed only here
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: transformers takes seconds to import
     vocab = {tok: i for i, tok in enumerate(SPECIAL + list(chars))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
@@ -51,7 +52,7 @@ def char_tokenizer(chars: Sequence[str] = CHARS) -> Any:
 
 
 def model_config(shape: str, tokenizer: Any) -> Any:
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers takes seconds to import
     if shape not in SHAPES:
         raise ValueError(f"model shape {shape!r}; known: {', '.join(SHAPES)}")
     spec = dict(SHAPES[shape])
@@ -63,7 +64,7 @@ def model_config(shape: str, tokenizer: Any) -> Any:
 
 def random_model(shape: str, tokenizer: Any, dtype: torch.dtype, device: str, seed: int = 0) -> Any:
     """Initialised on `device` directly (a 1.5B init on CPU takes minutes), seeded."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # lazy: transformers takes seconds to import
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(model_config(shape, tokenizer), dtype=dtype)
@@ -74,7 +75,7 @@ def random_model(shape: str, tokenizer: Any, dtype: torch.dtype, device: str, se
 def write_random_folder(shape: str, tokenizer_dir: str | None, out: str | Path, dtype: torch.dtype = torch.bfloat16,
                         device: str = "cpu", seed: int = 0) -> Path:
     """An HF folder (config, tokenizer, safetensors) of a random model; kept when it already exists."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers takes seconds to import
     out = Path(out)
     if (out / "model.safetensors").is_file() or (out / "model.safetensors.index.json").is_file():
         return out

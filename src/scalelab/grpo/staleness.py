@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalelab.grpo.rollout import RolloutBatch
+from scalelab.grpo.types import RolloutBatch
 
 
 class StalenessError(RuntimeError):

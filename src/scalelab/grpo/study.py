@@ -22,6 +22,8 @@ from scalelab.core.jsonio import read_json, stored, write_json
 from scalelab.core.provenance import git_sha
 from scalelab.grpo.config import GrpoConfig, load_grpo_config
 from scalelab.grpo.heldout import base_key, eval_dir, load_eval
+from scalelab.grpo.report import build_report
+from scalelab.grpo.train import train
 
 Trainer = Callable[[GrpoConfig], dict]
 
@@ -115,8 +117,6 @@ def run_variants(config: str | Path | None, overrides: Sequence[str], variants: 
                  jobs: int = 1) -> list[VariantRun]:
     """Train every unfinished variant and write its REPORT.md; returns where each one is. In process, one after
     another (`trainer`, default train.train); isolated, in up to `jobs` processes at once."""
-    from scalelab.grpo.report import build_report
-    from scalelab.grpo.train import train
     where = study_dir(load_grpo_config(config, overrides))
     names = [v.name for v in variants]
     if len(set(names)) != len(names):

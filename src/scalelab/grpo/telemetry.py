@@ -9,8 +9,10 @@ nothing and says why; its thread and marker logic are tested with a fake sampler
 """
 from __future__ import annotations
 
-import math
 import os
+from scalelab.core.hardware import resolve_hardware
+from scalelab.grpo.capabilities import resolve_method
+from scalelab.grpo.types import StepRecord
 import threading
 import time
 from contextlib import contextmanager
@@ -109,7 +111,7 @@ class NvmlSampler:
     """nvidia-ml-py: utilization over the driver's last sample period, and memory used, per visible GPU."""
 
     def __init__(self):
-        import pynvml
+        import pynvml  # lazy: NVML only where there is a GPU
         self.nvml = pynvml
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
@@ -219,13 +221,13 @@ def length_stats(lengths: Sequence[int]) -> dict[str, float]:
             "len_max": float(a.max()), "len_min": float(a.min())}
 
 
-def step_line(rec: dict) -> str:
+def step_line(rec: StepRecord) -> str:
     """One concise log line per step (llm.c style)."""
-    stage = f" | stage {rec['curriculum_stage']}" if "curriculum_stage" in rec else ""
-    return (f"step {rec['step']:4d}{stage} | reward {rec['reward_mean']:.3f} | kl {rec['kl_mean']:.4f} | "
-            f"len {rec['len_mean']:.1f} | rollout {rec['rollout_ms']:.0f} ms ({rec['rollout_tokens_per_s']:.0f} "
-            f"tok/s) | update {rec['update_ms']:.0f} ms | sync {rec['weight_sync_ms']:.0f} ms | "
-            f"step {rec['step_ms']:.0f} ms")
+    stage = f" | stage {rec.curriculum.stage}" if rec.curriculum is not None else ""
+    return (f"step {rec.step:4d}{stage} | reward {rec.reward_mean:.3f} | kl {rec.kl_mean:.4f} | "
+            f"len {rec.len_mean:.1f} | rollout {rec.rollout_ms:.0f} ms ({rec.rollout_tokens_per_s:.0f} "
+            f"tok/s) | update {rec.update_ms:.0f} ms | sync {rec.weight_sync_ms:.0f} ms | "
+            f"step {rec.step_ms:.0f} ms")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,8 +260,6 @@ def decode_tokens_per_s(n_params: int, bytes_per_param: int, sequences: int, hw:
 
 def predict_step(cfg: Any, policy: Any, prompt_len: float, device_type: str) -> dict:
     """Phase times of one step from the roofline prior and the stated efficiencies (cfg.predict)."""
-    from scalelab.core.hardware import resolve_hardware
-    from scalelab.grpo.weightsync import resolve_method
     hw = resolve_hardware(cfg.run.gpu, device_type)
     params = list(policy.parameters())
     n_params = sum(p.numel() for p in params)

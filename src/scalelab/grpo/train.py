@@ -40,7 +40,7 @@ from scalelab.grpo.distributed import (Dist, FollowerRunDir, check_world, engine
                                        launch, max_timing, scale_prediction, shard, take_rows)
 from scalelab.grpo.parts import (Parts, RewardFn, build_parts, encode_prompt, open_engine, prompt_indices,
                                 sampling_for_prompt, sampling_for_step)
-from scalelab.grpo.rollout import RolloutBatch
+from scalelab.grpo.types import CurriculumStep, RolloutBatch, RolloutEngine, StepRecord
 from scalelab.grpo.staleness import StalenessPipeline
 from scalelab.grpo.telemetry import (GpuMonitor, PhaseTimer, gpu_phase_summary, length_stats, open_nvml,
                                      predict_step, samples_record, step_line)
@@ -65,10 +65,28 @@ def score(texts: Sequence[str], examples: Sequence[Any],
     return total, values
 
 
+@dataclass(frozen=True)
+class Learned:
+    """What learning from one batch gives the step record."""
+    reward_mean: float
+    reward_std: float
+    zero_signal_frac: float
+    adv_abs_mean: float
+    lr: float
+    values: dict[str, list[float]]  # each reward component's value per completion
+    stats: dict[str, float]  # UpdateStats.summary() of the step's updates
+
+    def metric(self, name: str) -> float:
+        """A logged reward by its metrics.jsonl name: 'reward_mean' or 'reward/<component>'."""
+        if name == "reward_mean":
+            return self.reward_mean
+        return float(np.mean(self.values[name.removeprefix("reward/")]))
+
+
 def component_fields(values: dict[str, list[float]]) -> dict[str, Any]:
     """reward/<name> = the component's mean (the monitor reads these) plus every per-completion value."""
-    return {**{f"reward/{n}": float(np.mean(v)) for n, v in values.items()},
-            "completion_rewards": {n: [round(x, 4) for x in v] for n, v in values.items()}}
+    return {"reward_components": {n: float(np.mean(v)) for n, v in values.items()},
+            "completion_rewards": {n: tuple(round(x, 4) for x in v) for n, v in values.items()}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +187,7 @@ class Loop:
     cfg: GrpoConfig
     parts: Parts
     run: RunDir
-    engine: Any
+    engine: RolloutEngine
     sync_method: str
     optimizer: torch.optim.Optimizer
     pipe: StalenessPipeline
@@ -207,7 +225,7 @@ def rollout(loop: Loop, prompts: list[list[int]], positions: range, step: int) -
     per prompt under the prompt's own seed, since its sampler draws a whole call from one RNG stream; vLLM
     seeds each request's generator itself, so one call keeps each prompt's samples its own (distributed.py)."""
     cfg, engine = loop.cfg, loop.engine
-    if not (loop.dist.prompt_seeds and engine.name == "hf"):
+    if not (loop.dist.prompt_seeds and not engine.capabilities.seeds_per_request):
         return engine.generate(prompts, sampling_for_step(cfg, step))
     calls = [engine.generate([p], sampling_for_prompt(cfg, step, j)) for p, j in zip(prompts, positions)]
     return join_batches(calls, sum(b.generation_ms for b in calls))
@@ -243,7 +261,7 @@ def score_shard(loop: Loop, batch: RolloutBatch, plan: BatchPlan,
     return torch.cat([r for r, _ in shards]), values
 
 
-def learn(loop: Loop, step: int, batch: RolloutBatch, plan: BatchPlan, timer: PhaseTimer) -> dict:
+def learn(loop: Loop, step: int, batch: RolloutBatch, plan: BatchPlan, timer: PhaseTimer) -> Learned:
     """Reward, advantages, reference/old passes and the optimizer step(s) on one batch (this rank's shard of
     it; the statistics are the whole batch's)."""
     cfg, parts, G = loop.cfg, loop.parts, loop.cfg.rollout.group_size
@@ -270,25 +288,23 @@ def learn(loop: Loop, step: int, batch: RolloutBatch, plan: BatchPlan, timer: Ph
         updates = [optimizer_step(parts.policy, t, loop.optimizer, cfg, old_logp, ref_logp, first=(u == 0),
                                   norm=norm, dist=loop.dist) for u in range(cfg.loss.updates_per_batch)]
     stats = {**updates[0].summary(), "loss": updates[-1].loss, "grad_norm": updates[-1].grad_norm}
-    return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-            "zero_signal_frac": zero_signal_fraction(rewards, cfg.rollout.group_size),
-            "adv_abs_mean": float(adv.abs().mean()), "lr": lr_at(step, cfg), **component_fields(values), **stats}
+    return Learned(float(rewards.mean()), float(rewards.std()), zero_signal_fraction(rewards, cfg.rollout.group_size),
+                   float(adv.abs().mean()), lr_at(step, cfg), values, stats)
 
 
-def advance_curriculum(loop: Loop, step: int, plan: BatchPlan, learned: dict) -> dict:
+def advance_curriculum(loop: Loop, step: int, plan: BatchPlan, learned: Learned) -> CurriculumStep | None:
     """Feed the step's metric to the curriculum; only batches of the current stage count toward promotion
     (with staleness k the first k batches after a promotion were generated at the previous stage)."""
     c = loop.curriculum
     if c is None:
-        return {}
+        return None
     promoted, rolling = False, None
     if plan.stage == c.stage:
-        promoted, rolling = c.observe(step, float(learned[loop.cfg.data.curriculum.metric]))
-    return {"curriculum_stage": plan.stage, "curriculum_rolling": rolling, "curriculum_promoted": promoted,
-            "curriculum_next_stage": c.stage}
+        promoted, rolling = c.observe(step, learned.metric(loop.cfg.data.curriculum.metric))
+    return CurriculumStep(plan.stage, rolling, promoted, c.stage)
 
 
-def run_step(loop: Loop, step: int) -> dict:
+def run_step(loop: Loop, step: int) -> StepRecord:
     cfg = loop.cfg
     timer = PhaseTimer(loop.monitor)
     generated_tokens = generate_due(loop, step, timer)
@@ -302,16 +318,19 @@ def run_step(loop: Loop, step: int) -> dict:
     timing = max_timing(loop.dist.gather(timer.timing()))
     per_rank = loop.rank_rollout.pop(step, {})
     per_rank = per_rank if loop.dist.distributed else {}  # one rank: its numbers are the step's
-    rec = {"step": step, "rollout_version": batch.weights_version, "staleness": cfg.rollout.staleness,
-           **asdict(timing), "overlapped_step_ms": timing.overlapped_step_ms,
-           "rollout_tokens": batch.num_tokens, "rollout_tokens_per_s": batch.tokens_per_s,
-           "generated_tokens_this_step": generated_tokens, "finished_frac": float(np.mean(batch.finished)),
-           **length_stats(batch.lengths), "completion_lengths": list(batch.lengths), **learned, **curriculum,
-           "example_ids": [str(loop.parts.pool(plan.stage)[i].id) for i in plan.indices],
-           "sync_bytes": sync.bytes if sync else 0, "sync_restarted": bool(sync and sync.restarted), **per_rank}
     samples = loop.monitor.drain()
+    rec = StepRecord(
+        step=step, rollout_version=batch.weights_version, staleness=cfg.rollout.staleness, **asdict(timing),
+        overlapped_step_ms=timing.overlapped_step_ms, rollout_tokens=batch.num_tokens,
+        rollout_tokens_per_s=batch.tokens_per_s, generated_tokens_this_step=generated_tokens,
+        finished_frac=float(np.mean(batch.finished)), **length_stats(batch.lengths),
+        completion_lengths=batch.lengths, reward_mean=learned.reward_mean, reward_std=learned.reward_std,
+        zero_signal_frac=learned.zero_signal_frac, adv_abs_mean=learned.adv_abs_mean, lr=learned.lr,
+        **component_fields(learned.values), **learned.stats, curriculum=curriculum,
+        example_ids=tuple(str(loop.parts.pool(plan.stage)[i].id) for i in plan.indices),
+        sync_bytes=sync.bytes if sync else 0, sync_restarted=bool(sync and sync.restarted),
+        **{k: tuple(v) for k, v in per_rank.items()}, gpu=gpu_phase_summary(samples) if samples else None)
     if samples:
-        rec["gpu"] = gpu_phase_summary(samples)
         loop.run.log_event("gpu_samples", step=step, **samples_record(samples))
     return rec
 
@@ -477,7 +496,7 @@ def run_steps(loop: Loop, start: int, log: Callable[[str], None]) -> None:
         eval_base(loop)
     for step in range(start, cfg.train.max_steps):
         rec = run_step(loop, step)
-        run.log_event("grpo_step", **rec)
+        run.log_event("grpo_step", **rec.to_json())
         log(step_line(rec))
         every = cfg.train.checkpoint_every
         if loop.dist.is_main and (step + 1 == cfg.train.max_steps or (every and (step + 1) % every == 0)):
@@ -487,21 +506,22 @@ def run_steps(loop: Loop, start: int, log: Callable[[str], None]) -> None:
 
 def summarize(run: RunDir, wall_s: float) -> dict:
     """results.json from metrics.jsonl (all steps, also those before a resume) and eval/summary.json."""
-    by_step = {s["step"]: s for s in run.events("grpo_step")}  # a step re-run after a crash: the last record
+    records = (StepRecord.from_json(e, f"{run.metrics_path} step event") for e in run.events("grpo_step"))
+    by_step = {s.step: s for s in records}  # a step re-run after a crash: the last record
     steps = [by_step[k] for k in sorted(by_step)]
     if not steps:
         return {"steps": 0}
-    med = lambda k: float(np.median([s[k] for s in steps]))  # noqa: E731
+    med = lambda k: float(np.median([getattr(s, k) for s in steps]))  # noqa: E731
     quarter = max(1, len(steps) // 4)
     out = {"steps": len(steps), "wall_s_this_launch": wall_s,
-           "reward_first_quarter": float(np.mean([s["reward_mean"] for s in steps[:quarter]])),
-           "reward_last_quarter": float(np.mean([s["reward_mean"] for s in steps[-quarter:]])),
+           "reward_first_quarter": float(np.mean([s.reward_mean for s in steps[:quarter]])),
+           "reward_last_quarter": float(np.mean([s.reward_mean for s in steps[-quarter:]])),
            **{f"median_{k}": med(k) for k in ("rollout_ms", "reward_ms", "reference_ms", "update_ms",
                                                "weight_sync_ms", "step_ms", "rollout_tokens_per_s",
                                                "overlapped_step_ms")},
            "predictions": run.read_optional("predictions.json")}
-    if "curriculum_next_stage" in steps[-1]:
-        out["curriculum_final_stage"] = int(steps[-1]["curriculum_next_stage"])
+    if steps[-1].curriculum is not None:
+        out["curriculum_final_stage"] = int(steps[-1].curriculum.next_stage)
     summary = run.read_optional("eval/summary.json")
     if summary is not None:
         out["heldout"] = summary

@@ -6,7 +6,7 @@
 | inplace        | hf (own copy), colocated   | every weight, LoRA merged, copied into the engine's tensors        |
 | safetensors    | vllm_server                | every weight written to a folder; the server reloads it in place   |
 |                |                            | (vLLM dev-mode /collective_rpc reload_weights) or is restarted     |
-|                |                            | (forced when tied embeddings train: rollout.reload_leaves_stale_head)|
+|                |                            | (forced when tied embeddings train: reload_leaves_stale_head)      |
 | lora_adapter   | vllm_server                | the adapter only (peft folder); /v1/load_lora_adapter under a new  |
 |                |                            | name per version, so no request mixes two versions                 |
 | nccl           | vllm_server on GPUs other  | every weight, LoRA merged, broadcast GPU to GPU into the server's  |
@@ -84,7 +84,7 @@ def tensor_bytes(t: torch.Tensor) -> int:
 def write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.dtype | None = None,
                        merge_lora: bool = True) -> int:
     """An HF folder (config, tokenizer, model.safetensors) of the policy; returns the weight bytes."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # lazy: safetensors.torch imports torch
     folder.mkdir(parents=True, exist_ok=True)
     weights = {n: t.contiguous() for n, t in merged_named_weights(model, dtype, merge_lora)}
     cfg = copy.deepcopy(base_model(model).config)
@@ -129,7 +129,7 @@ def sync_inplace(policy: Any, engine: Any, version: int, workdir: Path) -> tuple
 def sync_safetensors(policy: Any, engine: Any, version: int, workdir: Path) -> tuple[int, bool]:
     folder = workdir / f"v{version:06d}"
     copy_config_files(engine.model_dir, folder)
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # lazy: safetensors.torch imports torch
     weights = {n: t.contiguous() for n, t in merged_named_weights(policy, engine.weights_dtype)}
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     restarted = engine.reload_from_folder(folder)
@@ -164,19 +164,7 @@ SYNC_METHODS: dict[str, Callable[[Any, Any, int, Path], tuple[int, bool]]] = {
     "shared": sync_shared, "inplace": sync_inplace, "safetensors": sync_safetensors,
     "lora_adapter": sync_lora_adapter, "nccl": sync_nccl}
 
-DEFAULT_SYNC = {"hf": "shared", "vllm_colocated": "inplace", "vllm_server": "safetensors"}
-
-
-def resolve_method(method: str, engine_name: str, lora: bool) -> str:
-    """'auto' -> the engine's natural method: LoRA-only for a server when the policy is LoRA."""
-    if method != "auto":
-        return method
-    if engine_name == "vllm_server" and lora:
-        return "lora_adapter"
-    return DEFAULT_SYNC[engine_name]
-
-
-def sync_weights(method: str, policy: Any, engine: Any, version: int, workdir: Path) -> SyncRecord:
+def sync_weights(method: str, policy: Any, engine: SyncTarget, version: int, workdir: Path) -> SyncRecord:
     """Move the trainer's current weights (`version`) into the engine; time and size the move."""
     if method not in SYNC_METHODS:
         raise ValueError(f"weight sync {method!r}; allowed: {', '.join(SYNC_METHODS)}")

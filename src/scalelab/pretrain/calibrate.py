@@ -44,6 +44,8 @@ import numpy as np
 from scalelab.core.hardware import Hardware
 from scalelab.core.jsonio import read_json, write_json
 from scalelab.core.provenance import git_sha
+from scalelab.pretrain.config import load_pretrain_config
+from scalelab.pretrain.params import law_params
 from scalelab.pretrain.scaling_law import LossPoint, ScalingLaw, fit_scaling_law
 
 GIB = 2**30
@@ -310,8 +312,6 @@ class LadderLaw:
 
 def ladder_point(run_dir: Path) -> dict | None:
     """A finished ladder run folder -> its point; None while it is unfinished or has no val loss."""
-    from scalelab.pretrain.config import load_pretrain_config
-    from scalelab.pretrain.predict import law_params
     summary, prov = run_dir / "train_summary.json", run_dir / "provenance.json"
     if not (summary.is_file() and (run_dir / "config.toml").is_file()):
         return None

@@ -6,7 +6,13 @@ import os
 import sys
 from pathlib import Path
 
-from scalelab.core.config import add_config_args
+from scalelab.core.config import add_config_args, format_description
+from scalelab.core.rundir import RunDir
+from scalelab.evals.harness import (EvalInputError, format_eval, parse_fewshot, run_lm_eval, write_eval_json,
+                                    write_samples)
+from scalelab.evals.localdata import LocalDataError
+from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
+from scalelab.pretrain.prepare import add_prepare_arguments, run_prepare_from_args
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -17,7 +23,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
 
     p = verbs.add_parser("prepare", help="text -> GPT-2 token shards (llm.c format) + manifest")
-    from scalelab.pretrain.prepare import add_prepare_arguments, run_prepare_from_args
     add_prepare_arguments(p)
     p.set_defaults(func=run_prepare_from_args)
 
@@ -65,8 +70,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_describe)
 
 
+# The verbs below import their job when they run (imports inside functions): the CLI builds every job's
+# parser at start, and the job's modules load torch (tiktoken, lm-eval for eval) on import.
 def _train(args: argparse.Namespace) -> int:
-    from scalelab.pretrain.config import load_pretrain_config
     from scalelab.pretrain.run import run_training
     cfg = load_pretrain_config(args.config, args.set)
     run_training(cfg, nproc=args.nproc)
@@ -74,7 +80,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from scalelab.pretrain.config import load_pretrain_config
     from scalelab.pretrain.predict import format_prediction, predict, write_predictions
     cfg = load_pretrain_config(args.config, args.set)
     gpu = args.gpu or cfg.run.gpu
@@ -85,7 +90,6 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _parity(args: argparse.Namespace) -> int:
-    from scalelab.pretrain.config import load_pretrain_config
     from scalelab.pretrain.parity import format_parity, run_parity
     cfg = load_pretrain_config(args.config, args.set)
     result = run_parity(cfg.model, dtype=args.dtype, seed=args.seed)
@@ -142,12 +146,7 @@ def _eval_model_dir(target: Path) -> tuple[Path, Path | None]:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import sys
 
-    from scalelab.core.rundir import RunDir
-    from scalelab.evals.harness import (EvalInputError, format_eval, parse_fewshot, run_lm_eval, write_eval_json,
-                                        write_samples)
-    from scalelab.evals.localdata import LocalDataError
     batch = int(args.batch_size) if args.batch_size.isdigit() else args.batch_size
     try:
         model_dir, run_dir = _eval_model_dir(Path(args.target))
@@ -191,7 +190,5 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from scalelab.core.config import format_description
-    from scalelab.pretrain.config import PretrainConfig
     print(format_description(PretrainConfig))
     return 0

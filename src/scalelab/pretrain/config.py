@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 from scalelab.core.config import ConfigError, dump_toml, load_config, param, section
+from scalelab.core.hardware import resolve_hardware
 from scalelab.core.tracking import check_trackers
 
 GPT2_VOCAB = 50257
@@ -221,5 +222,4 @@ def save_config(cfg: PretrainConfig, path: str | Path) -> None:
 
 def peak_flops(device, gpu_key: str = "auto") -> float:
     """Dense bf16 peak FLOP/s of one device from the hardware table, for MFU (PaLM appendix B)."""
-    from scalelab.core.hardware import resolve_hardware
     return resolve_hardware(gpu_key, getattr(device, "type", str(device))).bf16_flops

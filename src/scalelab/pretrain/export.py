@@ -119,7 +119,7 @@ def greedy_decode(model: GPT, ids: list[int], n_new: int) -> list[int]:
 @torch.no_grad()
 def self_check(out: Path, ours: GPT) -> tuple[tuple[int, ...], float, tuple[int, ...], tuple[int, ...]]:
     """(prompt ids, max |Δlogits|, HF greedy tokens, our greedy tokens) for the folder as HF loads it."""
-    from transformers import AutoTokenizer, GPT2LMHeadModel
+    from transformers import AutoTokenizer, GPT2LMHeadModel  # lazy: transformers takes seconds to import
     hf, info = GPT2LMHeadModel.from_pretrained(out, output_loading_info=True)
     bad = {k: v for k, v in info.items() if v}
     if bad:

@@ -47,7 +47,7 @@ BUILDS = {
 def compile_sm90(build: KernelBuild, **constants):
     """The compiled kernel (asm: ttgir, ptx, cubin) for sm_90, with the launch's specialization: pointers and
     integers divisible by 16 (as the recipe's are), so loads may vectorize. constants override the build's."""
-    from triton.backends.compiler import GPUTarget
+    from triton.backends.compiler import GPUTarget  # lazy: triton only on CUDA machines
     from triton.compiler import ASTSource
     kernel, const = build.jit(), {**build.constants, **constants}
     types = build.types.split()

@@ -87,7 +87,7 @@ def _local_like(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """The part of `full` that p holds: for an FSDP2 shard, this rank's rows (a local slice, no communication)."""
     if not hasattr(p, "device_mesh"):
         return full
-    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor import DTensor, Replicate  # lazy: a heavy torch submodule, needed only here
     mesh = p.device_mesh
     return DTensor.from_local(full, mesh, [Replicate()] * mesh.ndim, run_check=False).redistribute(mesh, p.placements)
 

@@ -48,7 +48,7 @@ class ParityResult:
 
 def build_pair(model_cfg: ModelConfig, seed: int, dtype: str = "float32"):
     """(our GPT, HF GPT2LMHeadModel) holding the same seeded random weights, in eval mode and `dtype`."""
-    from transformers import GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel  # lazy: transformers takes seconds to import
     hf_cfg = gpt2_config(model_cfg)
     with torch.random.fork_rng(devices=[]):  # HF init draws from the global RNG: keep the caller's untouched
         torch.manual_seed(seed)

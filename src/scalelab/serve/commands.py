@@ -5,7 +5,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalelab.core.config import add_config_args
+from scalelab.core.config import add_config_args, format_description
+from scalelab.core.rundir import RunDir
+from scalelab.serve.config import ServeConfig, load_serve_config
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -47,8 +49,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_describe)
 
 
+# The verbs below import their job when they run (imports inside functions): the CLI builds every job's
+# parser at start, and the job's modules load scipy and the GPT-2 tokenizer on import.
 def _sweep(args: argparse.Namespace) -> int:
-    from scalelab.serve.config import load_serve_config
     from scalelab.serve.sweep import run_sweep
     run = run_sweep(load_serve_config(args.config, args.set))
     print(f"run folder: {run}\n" + (run / "table.md").read_text())
@@ -56,7 +59,6 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from scalelab.serve.config import load_serve_config
     from scalelab.serve.sweep import run_search
     result = run_search(load_serve_config(args.config, args.set), args.engine, args.tp)
     probes = ", ".join(f"{rate:.3g}/s -> {share:.0%}" for rate, share in result.probes)
@@ -66,7 +68,6 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _table(args: argparse.Namespace) -> int:
-    from scalelab.core.rundir import RunDir
     from scalelab.serve.sweep import render
     try:
         paths = render(RunDir(args.run))
@@ -100,7 +101,5 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from scalelab.core.config import format_description
-    from scalelab.serve.config import ServeConfig
     print(format_description(ServeConfig))
     return 0

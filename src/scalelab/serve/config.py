@@ -15,7 +15,8 @@ from typing import Any, Literal, Sequence
 
 from scalelab.calc.modelconfig import ALIASES, ModelFile
 from scalelab.calc.models import ModelSpec
-from scalelab.core.config import ConfigError, load_config, param, section
+from scalelab.core.config import ConfigError, _build, load_config, param, section
+from scalelab.core.hardware import HARDWARE
 
 ENGINES = ("vllm", "sglang")
 RUN_DIR_TOKEN = "{run_dir}"  # replaced in engine.env values and model.path by the run folder's path
@@ -63,7 +64,6 @@ class ModelSection:
             self.custom_spec()
 
     def custom_spec(self) -> ModelSpec:
-        from scalelab.core.config import _build  # the builder with a field prefix, so errors name model.custom.*
         fields = {ALIASES.get(k, k): v for k, v in self.custom.items()}
         return _build(ModelFile, fields, "serve config", "model.custom.").to_spec("serve config model.custom")
 
@@ -206,7 +206,6 @@ class CostSection:
     usd_per_gpu_hour: float = param(-1.0, "USD per GPU-hour for $/1M tokens; < 0 = the hardware's default")
 
     def validate(self) -> None:
-        from scalelab.core.hardware import HARDWARE
         if self.hardware != "auto" and self.hardware not in HARDWARE:
             raise _field_error("cost.hardware", self.hardware, "'auto' or one of " + ", ".join(HARDWARE))
 

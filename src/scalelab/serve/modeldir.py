@@ -139,8 +139,8 @@ def pad_vocab(vocab_json: Path, vocab_size: int) -> None:
 
 def write_random_weights(out: Path, dtype: str, seed: int) -> int:
     """Random-initialised weights for the folder's config (transformers' own init); returns the count."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import torch  # lazy: torch takes seconds to import, and this module is used without it
+    from transformers import AutoConfig, AutoModelForCausalLM  # lazy: transformers takes seconds to import
     config = AutoConfig.from_pretrained(out)
     with torch.random.fork_rng():  # seed this model without moving the caller's global RNG
         torch.manual_seed(seed)

@@ -102,7 +102,7 @@ def write_plots(figures_dir: Path, rows: Sequence[Row], head: TableHeader) -> li
 
 
 def plot_predicted_vs_measured(cs: Sequence[Comparison], path: Path) -> Path:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only when a figure is drawn
     from matplotlib.figure import Figure
     fig = Figure(figsize=(12, 7.5), dpi=100)
     FigureCanvasAgg(fig)
@@ -143,7 +143,7 @@ def _diagonal(ax: Any, cs: Sequence[Comparison], log: bool) -> None:
     ax.fill_between([lo, hi], [lo * (1 - WITHIN), hi * (1 - WITHIN)], [lo * (1 + WITHIN), hi * (1 + WITHIN)],
                     color="tab:orange", alpha=0.15)
     if log:
-        from matplotlib.ticker import NullFormatter, ScalarFormatter
+        from matplotlib.ticker import NullFormatter, ScalarFormatter  # lazy: matplotlib only when a figure is drawn
         ax.set_xscale("log")
         ax.set_yscale("log")
         for axis in (ax.xaxis, ax.yaxis):      # plain numbers, not 2x10^1

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass, fields
@@ -27,18 +26,24 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from scalelab.calc.models import ModelSpec
+from scalelab.calc.presets import get_model
 from scalelab.core.config import ConfigError, read_toml, to_dict
+from scalelab.core.engines import EngineError, EngineSpec, RunningServer, log_tail
 from scalelab.core.hardware import resolve_hardware
 from scalelab.core.jsonio import append_jsonl, is_stored, write_json
+from scalelab.core.net import free_port
+from scalelab.core.readers import SourceError
 from scalelab.core.rundir import RunDir
+from scalelab.serve import model as analytic_model
 from scalelab.serve.client import ClientConfig, JsonlRecorder, RequestResult, run_closed_loop, run_open_loop
 from scalelab.serve.config import RESUME_KEYS, RUN_DIR_TOKEN, ServeConfig
-from scalelab.serve.engines import EngineError, EngineSpec, RunningServer, log_tail
+from scalelab.serve.fit import check_fit, engine_limits
 from scalelab.serve.metrics import SLO, RateSearch, cost_per_1m_output, find_max_rate, measured, spread, summarize
+from scalelab.serve.modeldir import ModelDirError, make_model_dir, spec_from_hf_config
+from scalelab.serve.plots import write_plots
 from scalelab.serve.rows import Row, RowFigures, RowKey
 from scalelab.serve.table import TableHeader, label, latest_rows, point_id, read_rows, write_tables
-from scalelab.serve.workload import (LengthFilter, Request, SourceError, arrival_times, sample_sharegpt,
-                                     synthetic_requests)
+from scalelab.serve.workload import LengthFilter, Request, arrival_times, sample_sharegpt, synthetic_requests
 
 # The engine flag that bounds its memory share, per engine (the fit check uses the same share).
 MEMORY_FLAGS = {"vllm": "gpu-memory-utilization", "sglang": "mem-fraction-static"}
@@ -149,7 +154,6 @@ def resolve_spec(cfg: ServeConfig) -> ModelSpec:
     if shape == "custom":
         return cfg.model.custom_spec()
     if shape:
-        from scalelab.calc.presets import get_model
         try:
             return get_model(shape)
         except KeyError as e:
@@ -158,7 +162,6 @@ def resolve_spec(cfg: ServeConfig) -> ModelSpec:
     if not (folder / "config.json").is_file():
         raise ConfigError(f"config field 'model.shape': empty, and model.path {cfg.model.path!r} has no "
                           "config.json to read the shape from; name a calc preset or 'custom'")
-    from scalelab.serve.modeldir import ModelDirError, spec_from_hf_config
     try:
         return spec_from_hf_config(folder)
     except ModelDirError as e:
@@ -231,7 +234,6 @@ def model_folder(cfg: ServeConfig, rd: RunDir, spec: ModelSpec) -> str:
         return cfg.model.path.replace(RUN_DIR_TOKEN, str(rd.path.absolute()))
     out = Path(cfg.model.path.replace(RUN_DIR_TOKEN, str(rd.path))) if cfg.model.path else rd.path / "model"
     if not (out / "config.json").is_file():
-        from scalelab.serve.modeldir import ModelDirError, make_model_dir
         dtype = {"auto": "bfloat16"}.get(cfg.model.dtype, cfg.model.dtype)
         try:
             make_model_dir(spec, out, arch=cfg.model.arch,
@@ -253,15 +255,15 @@ def table_header(rd: RunDir) -> TableHeader:
 def predict_rows(setup: Setup, points: Sequence[Point], requests: dict[Point, PointRequests]) -> list[Row]:
     """The analytic model's row for every closed-loop point, on that point's exact measured request lengths and
     in its protocol: runs of requests_per_repeat requests, each starting `batch` of them at once."""
-    from scalelab.serve.model import predict_row
     cfg, out = setup.cfg, []
     for p in points:
         if p.rate_rps is not None:
             continue  # the analytic model predicts fixed-concurrency rows only
         reqs = [r for rep in requests[p].repeats for r in rep]
-        out.append(predict_row(setup.spec, setup.header.hardware_key, p.key, [r.prompt_tokens for r in reqs],
-                               [r.output_tokens for r in reqs], setup.slo, cfg.engine.gpu_memory_utilization,
-                               setup.header.usd_per_gpu_hour, requests_per_run=requests_per_repeat(cfg, p)))
+        out.append(analytic_model.predict_row(
+            setup.spec, setup.header.hardware_key, p.key, [r.prompt_tokens for r in reqs],
+            [r.output_tokens for r in reqs], setup.slo, cfg.engine.gpu_memory_utilization,
+            setup.header.usd_per_gpu_hour, requests_per_run=requests_per_repeat(cfg, p)))
     return out
 
 
@@ -293,12 +295,6 @@ def write_predictions(setup: Setup, points: Sequence[Point], requests: dict[Poin
 
 # ---------------------------------------------------------------------------------------------
 # servers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def engine_spec(setup: Setup, engine: str, tp: int) -> EngineSpec:
@@ -442,7 +438,6 @@ def record_row(setup: Setup, row: Row, echo: Echo) -> None:
 def fit_failure(setup: Setup, engine: str, tp: int) -> str:
     """The won't-fit reason for a TP ('' when it fits). The KV cache must hold one request of max_model_len
     tokens (vLLM refuses to start otherwise), or of the workload's longest when the model's own length is used."""
-    from scalelab.serve.fit import check_fit, engine_limits
     w, e = setup.cfg.workload, setup.cfg.engine
     min_kv_tokens = e.max_model_len or (w.prompt_max + w.output_max)
     fit = check_fit(setup.spec, setup.header.hardware_key, tp, e.gpu_memory_utilization, min_kv_tokens,
@@ -515,14 +510,13 @@ def run_sweep(cfg: ServeConfig, echo: Echo = print) -> Path:
             run_group(setup, engine, tp, pending, requests, echo)
     setup.rd.log_event("sweep_done")
     render(setup.rd)
-    from scalelab.serve.report import write_report
+    from scalelab.serve.report import write_report  # lazy: the report's refit imports scipy (a second of start-up)
     echo(f"report: {write_report(setup.rd.path)}")
     return setup.rd.path
 
 
 def render(rd: RunDir) -> dict[str, Path]:
     """table.md/.csv/.json and figures from rows.jsonl and provenance.json alone."""
-    from scalelab.serve.plots import write_plots
     rows, header = latest_rows(read_rows(rd.path / "rows.jsonl")), table_header(rd)
     paths = write_tables(rd.path, rows, header)
     for i, fig in enumerate(write_plots(rd.figures, rows, header)):

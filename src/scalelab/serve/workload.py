@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
-from scalelab.pretrain.sources import JsonArrayReader, SourceError, packaged_sharegpt
+from scalelab.core.gpt2bpe import gpt2_encoding
+from scalelab.core.readers import JsonArrayReader, SourceError, packaged_sharegpt
 
 
 class Tokenizer(Protocol):
@@ -48,7 +49,6 @@ def count_tokens(tokenizer: Any, text: str) -> int:
 
 
 def default_tokenizer() -> Any:
-    from scalelab.core.gpt2bpe import gpt2_encoding
     return gpt2_encoding()
 
 
@@ -76,7 +76,7 @@ def _file_records(path: Path) -> Iterator[Any]:
 
 def _hub_records(dataset_id: str) -> Iterator[Any]:
     try:
-        import datasets
+        import datasets  # lazy: datasets is optional (the hub extra; trl brings it)
     except ImportError:
         raise SourceError(f"ShareGPT source {dataset_id!r} is a hub id and needs `datasets`: "
                           "pip install scalelab[hub]") from None

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from scalelab.core.engines import NO_MULTICAST_ENV, EngineError, EngineSpec, RunningServer, build_command, probe_ready
+from scalelab.core.net import free_port
 from scalelab.serve.client import ClientConfig, run_closed_loop
-from scalelab.serve.engines import (NO_MULTICAST_ENV, EngineError, EngineSpec, RunningServer, build_command,
-                                    probe_ready)
 from scalelab.serve.workload import Request
 
 # A fake "sglang" server: records its argv and multicast env, then serves /health (or FAKE_READY_PATH) on --port.
@@ -37,12 +37,6 @@ FAKE_SERVER = textwrap.dedent("""
 """)
 
 EXIT_3 = "import sys\nprint('loading model... out of memory: fake', flush=True)\nsys.exit(3)\n"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:
@@ -74,7 +68,7 @@ def test_unknown_engine_names_the_allowed_ones():
 
 
 def test_stand_in_sglang_is_launched_ready_and_killed(tmp_path):
-    script, argv_file, port = tmp_path / "fake_sglang.py", tmp_path / "argv.json", _free_port()
+    script, argv_file, port = tmp_path / "fake_sglang.py", tmp_path / "argv.json", free_port()
     script.write_text(FAKE_SERVER)
     spec = EngineSpec("sglang", "/models/x", port=port, dtype="float32", python=sys.executable,
                       launcher=(str(script),), env={"FAKE_ARGV_FILE": str(argv_file), "NCCL_NVLS_ENABLE": "1"},
@@ -94,7 +88,7 @@ def test_stand_in_sglang_is_launched_ready_and_killed(tmp_path):
 
 
 def test_existing_url_is_only_checked(tmp_path):
-    script, port = tmp_path / "fake_sglang.py", _free_port()
+    script, port = tmp_path / "fake_sglang.py", free_port()
     script.write_text(FAKE_SERVER)
     spec = EngineSpec("sglang", "/m", port=port, launcher=(str(script),),
                       env={"FAKE_ARGV_FILE": str(tmp_path / "argv.json")})
@@ -105,7 +99,7 @@ def test_existing_url_is_only_checked(tmp_path):
 
 
 def test_v1_models_is_the_readiness_fallback(tmp_path):
-    script, port = tmp_path / "fake_sglang.py", _free_port()
+    script, port = tmp_path / "fake_sglang.py", free_port()
     script.write_text(FAKE_SERVER)
     spec = EngineSpec("sglang", "/m", port=port, launcher=(str(script),),
                       env={"FAKE_ARGV_FILE": str(tmp_path / "argv.json"), "FAKE_READY_PATH": "/v1/models"})
@@ -116,7 +110,7 @@ def test_v1_models_is_the_readiness_fallback(tmp_path):
 def test_early_exit_raises_with_the_log_tail(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text(EXIT_3)
-    spec = EngineSpec("sglang", "/m", port=_free_port(), launcher=(str(script),))
+    spec = EngineSpec("sglang", "/m", port=free_port(), launcher=(str(script),))
     t0 = time.monotonic()
     with pytest.raises(EngineError, match="exited with code 3") as err:
         with RunningServer(spec, tmp_path / "server.log", ready_timeout_s=30, poll_s=0.05):
@@ -128,7 +122,7 @@ def test_early_exit_raises_with_the_log_tail(tmp_path):
 def test_never_ready_times_out_and_is_killed(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text("import time\nprint('still loading', flush=True)\ntime.sleep(60)\n")
-    spec = EngineSpec("vllm", "/m", port=_free_port(), launcher=(str(script),))
+    spec = EngineSpec("vllm", "/m", port=free_port(), launcher=(str(script),))
     server = RunningServer(spec, tmp_path / "server.log", ready_timeout_s=1.0, poll_s=0.05, grace_s=2)
     with pytest.raises(EngineError, match="not ready .* after 1.0 s") as err:
         server.__enter__()
@@ -143,7 +137,7 @@ def test_real_vllm_serves_the_client_and_is_torn_down(tmp_path, vllm_python):
 
     make_run(tmp_path / "run", "model.block_size=64")
     model = str(export_run(tmp_path / "run", tmp_path / "hf").out_dir)
-    port = _free_port()
+    port = free_port()
     spec = EngineSpec("vllm", model, port=port, dtype="float32", max_model_len=64, python=vllm_python,
                       extra_flags={"gpu-memory-utilization": 0.1, "enforce-eager": True},  # no compile warm-up
                       env={"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"})
