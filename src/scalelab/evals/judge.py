@@ -21,13 +21,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Iterator, Sequence
 
+from scalelab.core import errors
+
 ATTEMPTS = 4  # one try and three retries
 BACKOFF_S = 0.5  # waits 0.5, 1, 2 s between attempts
 TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
 BODY_EXCERPT_CHARS = 300
 
 
-class JudgeError(RuntimeError):
+class JudgeError(errors.ServerError, RuntimeError):
     """The judge endpoint failed for good, or answered something that is not a chat completion."""
 
 

@@ -35,6 +35,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from scalelab.core import errors
 from scalelab.core.filelock import file_lock
 from scalelab.core.hfgen import left_pad, stop_token_ids
 from scalelab.grpo.config import ENGINE_SYNC_METHODS
@@ -188,7 +189,7 @@ class HFGenerateEngine:
 # (b) a vLLM OpenAI-compatible server
 
 
-class ServerError(RuntimeError):
+class ServerError(errors.ServerError, RuntimeError):
     """The rollout server answered with an error or an unexpected body."""
 
 
@@ -340,7 +341,7 @@ class VLLMServerEngine:
 # (c) vLLM in the trainer's process (GPU only)
 
 
-class EngineOutputError(RuntimeError):
+class EngineOutputError(errors.ServerError, RuntimeError):
     """An engine's sampled tokens and their log-probs do not line up."""
 
 

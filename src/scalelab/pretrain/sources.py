@@ -19,10 +19,11 @@ from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
+from scalelab.core import errors
 from scalelab.pretrain.shards import read_header, read_shard
 
 
-class SourceError(ValueError):
+class SourceError(errors.DataError, ValueError):
     """Input data is missing, malformed or empty; the message names the file (and line/row)."""
 
 
