@@ -203,14 +203,15 @@ def eval_run(run_dir: str | Path, force: bool = False, parts: Any = None,
              log: Callable[[str], None] = print) -> dict:
     """Score the base policy and the run's checkpoint on the held-out split (each only when its file is missing,
     or `force`), then write eval/summary.json; returns the summary."""
-    from scalelab.grpo.checkpoint import load_trainable
+    from scalelab.grpo.checkpoint import find_checkpoint, load_trainable
     from scalelab.grpo.config import load_grpo_config
     from scalelab.grpo.parts import build_parts, heldout_examples, open_engine
     from scalelab.grpo.weightsync import sync_weights
     run_dir = Path(run_dir)
-    ckpt = run_dir / "checkpoint.pt"
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"{ckpt}: not found; `grpo eval` scores a run's checkpoint (train it first)")
+    ckpt = find_checkpoint(run_dir)
+    if ckpt is None:
+        raise FileNotFoundError(f"{run_dir / 'checkpoint.json'}: not found; `grpo eval` scores a run's checkpoint "
+                                f"(train it first)")
     cfg = load_grpo_config(run_dir / "config.toml")
     parts = parts or build_parts(cfg)
     examples, key, settings = parts.heldout or heldout_examples(cfg), base_key(cfg), EvalSettings.from_config(cfg)
