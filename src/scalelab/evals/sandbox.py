@@ -127,7 +127,8 @@ def _interpreters() -> list[str]:
     """This interpreter, then the same version installed system-wide: a private install (e.g. under a 0700
     home) cannot be executed by another uid, and the child needs the stdlib only."""
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    found = [sys.executable, getattr(sys, "_base_executable", ""), shutil.which(version, path="/usr/local/bin:/usr/bin:/bin")]
+    system = shutil.which(version, path="/usr/local/bin:/usr/bin:/bin")
+    found = [sys.executable, getattr(sys, "_base_executable", ""), system]
     return [p for p in dict.fromkeys(found) if p]
 
 
