@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-from scalelab.core.config import ConfigError
+from scalelab.core.errors import ScalelabError
 
 # job name -> module exposing `register(subparsers)`; each verb sets `func(args) -> int`.
 JOBS = {
@@ -20,6 +20,8 @@ JOBS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalelab", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a data, model, server or config error instead of one line")
     jobs = parser.add_subparsers(dest="job", metavar="<job>", required=True)
     for name, (module, help_text) in JOBS.items():
         job_parser = jobs.add_parser(name, help=help_text, description=help_text)
@@ -28,12 +30,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The project's own errors (bad input a user can fix) end in one line on stderr and exit status 2;
+    anything else is a bug and keeps its traceback."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ConfigError as e:
-        print(f"scalelab: config error: {e}", file=sys.stderr)
+    except ScalelabError as e:
+        if args.debug:
+            raise
+        print(f"scalelab: {e.kind}: {one_line(e)}", file=sys.stderr)
         return 2
+
+
+def one_line(error: BaseException) -> str:
+    # a message wrapping a subprocess's output may span lines; the contract is one line
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from scalelab.core.config import load_config
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.advantages import Normalizer, group_advantages
 from scalelab.grpo.batch import collate
+from scalelab.grpo.checkpoint import load_state
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.distributed import Dist, check_world, join_batches, max_timing, shard, take_rows
 from scalelab.grpo.engine_hf import HFGenerateEngine
@@ -170,7 +171,7 @@ def last_per_step(run_dir) -> list[dict]:
 
 
 def final_weights(run_dir) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)["trainable"]
+    return load_state(run_dir / "checkpoint.json")["trainable"]
 
 
 def assert_same_run(got, want) -> None:

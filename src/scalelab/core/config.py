@@ -18,11 +18,15 @@ from typing import Any, Literal, TypeVar
 
 import tomli_w
 
+from scalelab.core.errors import ScalelabError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(ScalelabError, ValueError):
     """A config value is unknown, of the wrong type, or outside its allowed range."""
+
+    kind = "config error"
 
 
 def param(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,

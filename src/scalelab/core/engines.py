@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from scalelab.core import errors
+
 # Shared GPU machines: NVLink multicast (NVLS / symmetric-memory multicast) must stay off for every child.
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 READY_PATHS = ("/health", "/v1/models")
@@ -30,7 +32,7 @@ LOG_TAIL_LINES = 40
 FlagValue = str | int | float | bool
 
 
-class EngineError(RuntimeError):
+class EngineError(errors.ServerError, RuntimeError):
     """The engine could not be launched, exited early, or never became ready."""
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
+from scalelab.core import errors
+
 EOT = 50256
 EOT_TEXT = "<|endoftext|>"
 GPT2_VOCAB = 50257
@@ -29,7 +31,7 @@ FILE_SHA256 = {
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
 
-class TokenizerError(ValueError):
+class TokenizerError(errors.ModelError, ValueError):
     """The tokenizer files are missing or are not GPT-2's."""
 
 

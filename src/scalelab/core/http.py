@@ -9,8 +9,10 @@ import json
 import urllib.error
 import urllib.request
 
+from scalelab.core import errors
 
-class ServerError(RuntimeError):
+
+class ServerError(errors.ServerError, RuntimeError):
     """The server answered with an error or an unexpected body."""
 
 

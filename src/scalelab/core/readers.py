@@ -11,8 +11,10 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+from scalelab.core import errors
 
-class SourceError(ValueError):
+
+class SourceError(errors.DataError, ValueError):
     """Input data is missing, malformed or empty; the message names the file (and line/row)."""
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from scalelab.evals.sandbox import Limits, RunResult, run_python
+from scalelab.evals.sandbox import Limits, RunResult, describe, run_python
 from scalelab.evals.tasks import (
     DataError, Example, Score, chat, check_split, hub_records, read_records, register_task, require_fields,
     resolve_source, take,
@@ -54,11 +54,14 @@ def run_tests(program: str, limits: Limits) -> tuple[bool, RunResult]:
 
 
 def verdict(passed: bool, result: RunResult) -> str:
+    """The score's reason, ending in the sandbox layers the run had (so every recorded score says how the
+    code it ran was confined)."""
+    layers = f" [sandbox: {'+'.join(result.enforced) or 'none'}]"
     if passed:
-        return f"passed ({result.wall_s:.2f} s)"
+        return f"passed ({result.wall_s:.2f} s)" + layers
     if result.ok:
-        return "failed: exited 0 before the tests finished"
-    return f"failed: {result.status}: {result.error}"[:300]
+        return "failed: exited 0 before the tests finished" + layers
+    return f"failed: {result.status}: {result.error}"[:300] + layers
 
 
 def code_format_ok(completion: str, entry_point: str) -> bool:
@@ -88,6 +91,7 @@ HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the
 class HumanEval:
     timeout_s: float = 10.0
     memory_mb: int = 1024
+    allow_weak_sandbox: bool = False  # run completions even where the sandbox has no OS isolation layer
     name: ClassVar[str] = "humaneval"
     splits: ClassVar[tuple[str, ...]] = ("test",)  # 164 problems, evaluation only
 
@@ -108,9 +112,12 @@ class HumanEval:
         return Example(self.name, row["task_id"], chat(HUMANEVAL_INSTRUCTION.format(prompt=row["prompt"])),
                        row["canonical_solution"], meta)
 
+    def limits(self) -> Limits:
+        return Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, allow_weak_sandbox=self.allow_weak_sandbox)
+
     def score(self, example: Example, completion: str) -> Score:
         passed, result = run_tests(humaneval_program(example, completion),
-                                   Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb))
+                                   self.limits())
         return Score(passed, extract_code(completion, example.meta["entry_point"]), verdict(passed, result))
 
     def check_format(self, example: Example, completion: str) -> bool:
@@ -140,6 +147,7 @@ class MBPP:
     variant: str = "full"  # "full" (974 problems) or "sanitized" (427, hand-checked)
     timeout_s: float = 10.0
     memory_mb: int = 1024
+    allow_weak_sandbox: bool = False  # run completions even where the sandbox has no OS isolation layer
     name: ClassVar[str] = "mbpp"
     splits: ClassVar[tuple[str, ...]] = tuple(MBPP_SPLITS)
 
@@ -175,12 +183,21 @@ class MBPP:
         meta = {"tests": tests, "setup": setup, "entry_point": entry}
         return Example(self.name, f"mbpp/{row['task_id']}", chat(prompt), row["code"], meta)
 
+    def limits(self) -> Limits:
+        return Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, allow_weak_sandbox=self.allow_weak_sandbox)
+
     def score(self, example: Example, completion: str) -> Score:
         meta = example.meta
         code = extract_code(completion, meta["entry_point"])
         program = f"{code}\n\n{meta['setup']}\n\n" + "\n".join(meta["tests"]) + "\n"
-        passed, result = run_tests(program, Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb))
+        passed, result = run_tests(program, self.limits())
         return Score(passed, code, verdict(passed, result))
 
     def check_format(self, example: Example, completion: str) -> bool:
         return code_format_ok(completion, example.meta["entry_point"])
+
+
+def sandbox_record(task: object) -> dict | None:
+    """The sandbox a code task's completions run in (layers, whether OS-isolated), for a run to log beside
+    its scores; None for a task that runs no code."""
+    return describe(task.limits()).to_dict() if isinstance(task, (HumanEval, MBPP)) else None

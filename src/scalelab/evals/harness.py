@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, Sequence
 
+from scalelab.core import errors
 from scalelab.core.filelock import file_lock
 from scalelab.core.jsonio import read_json, write_json
 from scalelab.evals import localdata
@@ -45,7 +46,7 @@ SOURCES: tuple[str, ...] = ("local", "hub")
 PACKAGE_TASK_DIR = Path(__file__).with_name("lmeval")
 
 
-class EvalInputError(ValueError):
+class EvalInputError(errors.DataError, ValueError):
     """A task name, option or input folder the evaluation cannot use; the message says which and why."""
 
 

@@ -2,7 +2,10 @@
 
 `JudgeConfig.url` is the server's base ("http://host:8000"), its "/v1", or the full ".../v1/chat/completions".
 The API key is read from the environment variable `api_key_env` at request time and only ever put in the
-Authorization header: it is never logged, raised in an error, or returned.
+Authorization header: it is never logged, raised in an error, or returned. It is sent only over https or to a
+loopback address (127.0.0.0/8, ::1, localhost): a plain-http judge elsewhere would carry it in clear text, so
+with a key set such a url is refused before any connection (without a key it is used, unauthenticated).
+Redirects are not followed, since urllib would forward the Authorization header to the new location.
 
 Transient failures (connection refused/reset, timeouts, HTTP 429 and 5xx) are retried with exponential
 backoff; anything else (a 4xx, a reply that is not JSON or has no `choices[0].message.content`) raises
@@ -11,15 +14,19 @@ failure that hides a broken endpoint.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import partial
 from typing import Iterator, Sequence
+
+from scalelab.core import errors
 
 ATTEMPTS = 4  # one try and three retries
 BACKOFF_S = 0.5  # waits 0.5, 1, 2 s between attempts
@@ -27,7 +34,7 @@ TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
 BODY_EXCERPT_CHARS = 300
 
 
-class JudgeError(RuntimeError):
+class JudgeError(errors.ServerError, RuntimeError):
     """The judge endpoint failed for good, or answered something that is not a chat completion."""
 
 
@@ -54,13 +61,45 @@ def chat_url(url: str) -> str:
     return base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
 
 
+def key_may_go_to(url: str) -> bool:
+    """Whether an API key may be sent to `url`: over https, or over http to this machine only."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https":
+        return True
+    host = (parts.hostname or "").rstrip(".")
+    if parts.scheme != "http" or not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: it may resolve anywhere
+
+
+def _auth_headers(cfg: JudgeConfig) -> dict[str, str]:
+    key = os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
+    if not key:
+        return {}
+    url = chat_url(cfg.url)
+    if not key_may_go_to(url):
+        raise JudgeError(f"{url}: refusing to send ${cfg.api_key_env} over plain http to a non-loopback host; "
+                         f"use https or a loopback address, or unset {cfg.api_key_env}")
+    return {"Authorization": f"Bearer {key}"}
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None  # the 3xx surfaces as an HTTPError (a JudgeError naming the code)
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def _request(cfg: JudgeConfig, messages: list[dict]) -> urllib.request.Request:
     body = {"model": cfg.model, "messages": messages, "temperature": cfg.temperature,
             "max_tokens": cfg.max_tokens}
-    headers = {"Content-Type": "application/json"}
-    key = os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
+    headers = {"Content-Type": "application/json", **_auth_headers(cfg)}
     return urllib.request.Request(chat_url(cfg.url), data=json.dumps(body).encode(), headers=headers,
                                   method="POST")
 
@@ -84,9 +123,9 @@ def reply_content(url: str, body: bytes) -> str:
 
 def _attempt(cfg: JudgeConfig, messages: list[dict]) -> tuple[str | None, str]:
     """(content, "") on success, (None, why) on a transient failure; raises JudgeError otherwise."""
-    url = chat_url(cfg.url)
+    url, request = chat_url(cfg.url), _request(cfg, messages)  # a refused key raises here, before connecting
     try:
-        with urllib.request.urlopen(_request(cfg, messages), timeout=cfg.timeout_s) as resp:
+        with _OPENER.open(request, timeout=cfg.timeout_s) as resp:
             return reply_content(url, resp.read()), ""
     except urllib.error.HTTPError as e:
         excerpt = e.read()[:BODY_EXCERPT_CHARS].decode("utf-8", errors="replace")

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from scalelab.core import errors
+
 # Part of the cache key: bump it when a converter's output changes, so stale folders are not reused.
 FORMAT_VERSION = 1
 MMLU_HEADER = ["question", "choice0", "choice1", "choice2", "choice3", "answer"]
@@ -36,7 +38,7 @@ HELLASWAG_LINES_PER_ITEM = 6  # "label: ctx", gold index, 4 endings (llama.cpp's
 QUESTION_PREFIX = "Question: "
 
 
-class LocalDataError(ValueError):
+class LocalDataError(errors.DataError, ValueError):
     """A local data file is missing or malformed; the message names the file and line."""
 
 

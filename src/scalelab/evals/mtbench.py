@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from scalelab.core import errors
 from scalelab.evals.judge import JudgeConfig, JudgeError, chat_many
 
 __all__ = ["MTQuestion", "MTAnswer", "GenerateFn", "JudgeConfig", "JudgeError", "Judgment", "MTBenchResult",
@@ -50,7 +51,7 @@ RATING_SCALE = (1.0, 10.0)
 GenerateFn = Callable[[list[list[dict]]], list[str]]  # batch of chat message lists -> one reply each
 
 
-class MTBenchError(ValueError):
+class MTBenchError(errors.DataError, ValueError):
     """Malformed MT-Bench data or run files (the message names the file and line), or a bad generate reply."""
 
 

@@ -10,8 +10,9 @@ actually had are listed in `RunResult.enforced`; kernel layers are probed, not a
 - memory: kernel. RLIMIT_AS = `memory_mb`; a larger allocation raises MemoryError.
 - fork bomb: hook refuses fork/exec/spawn/subprocess/os.system (and the _posixsubprocess module that
   forks without an audit event); kernel: RLIMIT_NPROC = `max_processes` binds for a non-root user only
-  (Linux exempts uid 0, even in a user namespace), and the process-group kill at the deadline ends
-  whatever was started in the group.
+  (Linux exempts uid 0, even in a user namespace), so a caller running as root starts the child as
+  `nobody` (layer "uid-drop"; the limit then counts every process of that uid on the host); the
+  process-group kill at the deadline ends whatever was started in the group.
 - big files / output: kernel. RLIMIT_FSIZE = `max_file_mb` per file, stdout and stderr included (they
   go to files, of which the result keeps the tail).
 - writes outside its folder: kernel with Landlock (writes, creates, removes only beneath the fresh work
@@ -24,6 +25,11 @@ actually had are listed in `RunResult.enforced`; kernel layers are probed, not a
   127.0.0.1 is unreachable) and with Landlock ABI >= 4 (no TCP connect/bind); hook refuses sockets/DNS.
 - signals: kernel with Landlock ABI >= 6 (no signals to processes outside); hook refuses os.kill.
 The work dir is a new temporary folder, the child's cwd, HOME and TMPDIR, deleted after every run.
+
+Without any OS layer (no namespace, no Landlock, no uid drop) only the hook and the rlimits stand between
+the program and the host, and a root caller's process limit does not bind: model-written code is then not
+run at all (`SandboxUnavailable`) unless `Limits.allow_weak_sandbox` says so. `describe()` names the layers
+a sandbox gets here, for callers to record beside their scores.
 """
 from __future__ import annotations
 
@@ -42,8 +48,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from scalelab.core.errors import SandboxError
+
 CHILD = Path(__file__).with_name("sandbox_child.py")
-ALL_LAYERS = ("netns", "landlock", "audit")
+ALL_LAYERS = ("netns", "landlock", "audit", "uid")
+OS_LAYERS = ("netns", "landlock-fs", "uid-drop")  # enforced by the kernel whatever the program does
+SANDBOX_UID = 65534  # nobody / nogroup: owns nothing, so a dropped child can write only its work dir
+
+
+class SandboxUnavailable(SandboxError, RuntimeError):
+    """No OS isolation layer is available for model-written code, and weak sandboxes are not allowed."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,7 @@ class Limits:
     max_file_mb: int = 16  # RLIMIT_FSIZE: any one file, stdout/stderr included
     max_output_chars: int = 20_000  # of stdout / stderr kept in the result (the tail)
     layers: tuple[str, ...] = ALL_LAYERS  # confinement layers to attempt; tests switch them one by one
+    allow_weak_sandbox: bool = False  # run even with no OS layer (hook + rlimits only); off: refuse to run
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.layers) - set(ALL_LAYERS))
@@ -82,17 +97,58 @@ class RunResult:
 # environment
 
 
+def _as_user(uid: int | None) -> dict:
+    """Popen arguments that start the child as `uid` (groups dropped first, then gid, then uid)."""
+    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+
+
 @functools.cache
-def netns_prefix() -> tuple[str, ...]:
-    """`unshare --user --net --` when unprivileged user + network namespaces work here, else ()."""
+def netns_prefix(uid: int | None = None) -> tuple[str, ...]:
+    """`unshare --user --net --` when unprivileged user + network namespaces work here for `uid` (the
+    child's), else ()."""
     exe = shutil.which("unshare")
     if exe is None:
         return ()
     try:
-        probe = subprocess.run([exe, "--user", "--net", "--", "true"], capture_output=True, timeout=10)
+        probe = subprocess.run([exe, "--user", "--net", "--", "true"], capture_output=True, timeout=10, cwd="/",
+                               **_as_user(uid))
     except (OSError, subprocess.TimeoutExpired):
         return ()
     return (exe, "--user", "--net", "--") if probe.returncode == 0 else ()
+
+
+@dataclass(frozen=True)
+class UidDrop:
+    uid: int
+    python: str  # an interpreter of this Python version that `uid` may execute
+
+
+def _interpreters() -> list[str]:
+    """This interpreter, then the same version installed system-wide: a private install (e.g. under a 0700
+    home) cannot be executed by another uid, and the child needs the stdlib only."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system = shutil.which(version, path="/usr/local/bin:/usr/bin:/bin")
+    found = [sys.executable, getattr(sys, "_base_executable", ""), system]
+    return [p for p in dict.fromkeys(found) if p]
+
+
+@functools.cache
+def drop_uid() -> UidDrop | None:
+    """How the child gives up root: the uid, and an interpreter it can run (same major.minor). None when this
+    process is not root (the child already is unprivileged) or no interpreter works for that uid."""
+    if os.geteuid() != 0:
+        return None
+    want = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for python in _interpreters():
+        try:
+            probe = subprocess.run([python, "-I", "-S", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                   capture_output=True, text=True, timeout=30, cwd="/", env=child_env("/"),
+                                   **_as_user(SANDBOX_UID))
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0 and probe.stdout.strip() == want:
+            return UidDrop(SANDBOX_UID, python)
+    return None
 
 
 def child_env(workdir: str) -> dict[str, str]:
@@ -101,14 +157,27 @@ def child_env(workdir: str) -> dict[str, str]:
             "PYTHONHASHSEED": "0"}
 
 
-def _config(root: Path, limits: Limits, report_fd: int) -> Path:
+def _config(root: Path, limits: Limits, report_fd: int, outer: tuple[str, ...]) -> Path:
+    """`outer`: the OS layers the parent set up (netns, uid-drop); the child adds Landlock and checks that
+    at least one OS layer holds before the program's first line (unless weak sandboxes are allowed)."""
     cfg = {"workdir": str(root / "work"), "program": str(root / "work" / "program.py"),
            "cpu_s": math.ceil(limits.timeout_s), "memory_mb": limits.memory_mb,
            "max_processes": limits.max_processes, "max_file_mb": limits.max_file_mb,
-           "layers": list(limits.layers), "report_fd": report_fd}
+           "layers": list(limits.layers), "report_fd": report_fd, "outer_layers": list(outer),
+           "os_layers": list(OS_LAYERS), "require_os_layer": not limits.allow_weak_sandbox}
     path = root / "io" / "config.json"
     path.write_text(json.dumps(cfg))
     return path
+
+
+def _hand_over(root: Path, uid: int) -> None:
+    """Let `uid` read its config and the child script and own only the work dir (and the program in it)."""
+    for path in (root, root / "io"):
+        path.chmod(0o711)  # traversable, not listable
+    for path in (root / "io").iterdir():
+        path.chmod(0o644)
+    for path in (root / "work", root / "work" / "program.py"):
+        os.chown(path, uid, uid)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,12 +206,21 @@ def _tail(path: Path, limit: int) -> str:
 
 def _spawn(root: Path, limits: Limits) -> tuple[int | None, bool, tuple[str, ...], float]:
     read_fd, write_fd = os.pipe()
-    prefix = netns_prefix() if "netns" in limits.layers else ()
-    cmd = [*prefix, sys.executable, "-I", "-S", "-B", str(CHILD), str(_config(root, limits, write_fd))]
+    drop = drop_uid() if "uid" in limits.layers else None
+    uid = drop.uid if drop else None
+    prefix = netns_prefix(uid) if "netns" in limits.layers else ()
+    outer = (("netns",) if prefix else ()) + (("uid-drop",) if drop else ())
+    child = root / "io" / CHILD.name  # a copy: the source tree may not be readable by the dropped uid
+    shutil.copyfile(CHILD, child)
+    python = drop.python if drop else sys.executable
+    cmd = [*prefix, python, "-I", "-S", "-B", str(child), str(_config(root, limits, write_fd, outer))]
+    if drop:
+        _hand_over(root, drop.uid)
     start = time.perf_counter()
     with open(root / "io" / "stdout", "wb") as out, open(root / "io" / "stderr", "wb") as err:
         proc = subprocess.Popen(cmd, cwd=root / "work", env=child_env(str(root / "work")), stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=err, pass_fds=(write_fd,), start_new_session=True)
+                                stdout=out, stderr=err, pass_fds=(write_fd,), start_new_session=True,
+                                **_as_user(uid))
     os.close(write_fd)
     timed_out = False
     try:
@@ -156,7 +234,7 @@ def _spawn(root: Path, limits: Limits) -> tuple[int | None, bool, tuple[str, ...
     with os.fdopen(read_fd, "rb") as f:
         report = f.read(4096)
     layers = tuple(json.loads(report)) if report else ()
-    return proc.returncode, timed_out, (("netns",) if prefix else ()) + layers, wall
+    return proc.returncode, timed_out, outer + layers, wall
 
 
 def _kill_group(pgid: int) -> None:
@@ -167,7 +245,10 @@ def _kill_group(pgid: int) -> None:
 
 
 def run_python(source: str, limits: Limits = Limits()) -> RunResult:
-    """Run `source` as a program in a fresh sandbox; never raises for anything the program does."""
+    """Run `source` as a program in a fresh sandbox; never raises for anything the program does. Raises
+    SandboxUnavailable, before anything runs, when no OS layer would hold and weak sandboxes are not allowed."""
+    if not limits.allow_weak_sandbox:
+        require_os_layer(describe(limits))
     root = Path(tempfile.mkdtemp(prefix="scalelab-sandbox-"))
     try:
         (root / "work").mkdir()
@@ -178,6 +259,9 @@ def run_python(source: str, limits: Limits = Limits()) -> RunResult:
         stderr = _tail(root / "io" / "stderr", limits.max_output_chars)
     finally:
         _remove_tree(root)
+    if not limits.allow_weak_sandbox and not set(enforced) & set(OS_LAYERS):
+        # the probe promised an OS layer that this run did not get; the child stopped before the program
+        require_os_layer(SandboxInfo(enforced))
     status, error = _classify(rc, timed_out, stderr)
     return RunResult(status, rc, error, stdout, stderr, wall, enforced)
 
@@ -201,5 +285,37 @@ def run_many(sources: Sequence[str], limits: Limits = Limits(), workers: int = 2
 
 @functools.cache
 def available_layers() -> tuple[str, ...]:
-    """The layers a default sandbox gets on this host (one trivial run)."""
-    return run_python("pass", Limits(timeout_s=30)).enforced
+    """The layers a default sandbox gets on this host (one trivial run): the capability probe."""
+    return run_python("pass", Limits(timeout_s=30, allow_weak_sandbox=True)).enforced
+
+
+def _family(layer: str) -> str:
+    """The `Limits.layers` entry an enforced layer comes from ("landlock-tcp" -> "landlock")."""
+    return {"uid-drop": "uid", "audit-hook": "audit", "rlimits": ""}.get(layer, layer.split("-")[0])
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    layers: tuple[str, ...]  # what a sandbox with these limits gets here, e.g. ("netns", "uid-drop", ...)
+    weak_allowed: bool = False
+
+    @property
+    def os_isolated(self) -> bool:
+        return bool(set(self.layers) & set(OS_LAYERS))
+
+    def to_dict(self) -> dict:
+        return {"layers": list(self.layers), "os_isolated": self.os_isolated, "weak_allowed": self.weak_allowed}
+
+
+def describe(limits: Limits = Limits()) -> SandboxInfo:
+    """The layers sandboxed code gets on this host under `limits`: for callers to record with their scores."""
+    wanted = set(limits.layers) | {""}
+    return SandboxInfo(tuple(x for x in available_layers() if _family(x) in wanted), limits.allow_weak_sandbox)
+
+
+def require_os_layer(info: SandboxInfo) -> None:
+    if not info.os_isolated:
+        raise SandboxUnavailable(
+            f"sandbox: no OS isolation here (layers {', '.join(info.layers) or 'none'}; needs one of "
+            f"{', '.join(OS_LAYERS)}): model-written code is not run; set allow_weak_sandbox to run it under "
+            f"the Python audit hook and rlimits alone")

@@ -14,7 +14,9 @@ untrusted code runs, and nothing done here can be undone from Python afterwards.
      processes, writes outside the work dir and creating native extension files. Native code could
      bypass it, which is why ctypes is refused and why the kernel layers above are the guarantee where
      they are available.
-The network namespace (no interface but a down loopback) is set up by the parent with `unshare`.
+The network namespace (no interface but a down loopback) is set up by the parent with `unshare`, and a
+root parent starts this process as an unprivileged uid (so that RLIMIT_NPROC binds). Unless the parent allows
+a weak sandbox, the program is not run when none of these OS layers holds.
 """
 from __future__ import annotations
 
@@ -213,6 +215,9 @@ def main() -> None:
     # Tell the parent what is enforced before any untrusted code can write to this descriptor.
     os.write(cfg["report_fd"], json.dumps(applied).encode())
     os.close(cfg["report_fd"])
+    if cfg["require_os_layer"] and not set(cfg["outer_layers"] + applied) & set(cfg["os_layers"]):
+        # Landlock failed here although the parent's probe had it: hook and rlimits alone are not enough
+        sys.exit("sandbox: no OS isolation layer held; the program was not run")
     del cfg
     sys.argv = [sys.argv[0]]
     code = compile(source, "program.py", "exec")

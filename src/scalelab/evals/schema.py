@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from scalelab.core import errors
+
 SUPPORTED = frozenset({"type", "required", "properties", "additionalProperties", "enum", "items", "minimum",
                        "maximum", "minLength", "maxLength", "minItems", "maxItems", "description", "title"})
 
 
-class SchemaError(ValueError):
+class SchemaError(errors.DataError, ValueError):
     """The schema itself uses something this validator does not implement."""
 
 

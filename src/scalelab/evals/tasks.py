@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from scalelab.core import errors
+
 Message = dict[str, str]  # {"role": "user", "content": "..."}
 
 
-class DataError(ValueError):
+class DataError(errors.DataError, ValueError):
     """Task data is missing or malformed; the message names the file and line (or the hub id)."""
 
 

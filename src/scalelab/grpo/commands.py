@@ -44,7 +44,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     p = verbs.add_parser("eval", help="held-out pass@1 of the base and the trained policy of a run folder, per "
                                       "example, with the paired bootstrap CI of the difference (eval/summary.json)")
-    p.add_argument("run_dir", help="run folder with config.toml and checkpoint.pt")
+    p.add_argument("run_dir", help="run folder with config.toml and checkpoint.json")
     p.add_argument("--force", action="store_true", help="re-score even when eval/base.json, trained.json exist")
     p.set_defaults(func=_eval)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from scalelab.core.jsonio import is_stored, read_json, write_json
 from scalelab.evals.tasks import score_example
-from scalelab.grpo.checkpoint import load_trainable
+from scalelab.grpo.checkpoint import find_checkpoint, load_trainable
 from scalelab.grpo.config import GrpoConfig, load_grpo_config
 from scalelab.grpo.parts import build_parts, encode_prompt, heldout_examples, open_engine
 from scalelab.grpo.passk import mean_pass_at_k, paired_bootstrap
@@ -206,9 +206,10 @@ def eval_run(run_dir: str | Path, force: bool = False, parts: Any = None,
     """Score the base policy and the run's checkpoint on the held-out split (each only when its file is missing,
     or `force`), then write eval/summary.json; returns the summary."""
     run_dir = Path(run_dir)
-    ckpt = run_dir / "checkpoint.pt"
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"{ckpt}: not found; `grpo eval` scores a run's checkpoint (train it first)")
+    ckpt = find_checkpoint(run_dir)
+    if ckpt is None:
+        raise FileNotFoundError(f"{run_dir / 'checkpoint.json'}: not found; `grpo eval` scores a run's checkpoint "
+                                f"(train it first)")
     cfg = load_grpo_config(run_dir / "config.toml")
     parts = parts or build_parts(cfg)
     examples, key, settings = parts.heldout or heldout_examples(cfg), base_key(cfg), EvalSettings.from_config(cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from scalelab.core import errors
 from scalelab.core.http import ServerError
 
 
@@ -20,7 +21,7 @@ def completion_tokens(choice: dict) -> tuple[list[int], list[float]]:
     return list(ids), logprobs
 
 
-class EngineOutputError(RuntimeError):
+class EngineOutputError(errors.ServerError, RuntimeError):
     """An engine's sampled tokens and their log-probs do not line up."""
 
 

@@ -29,11 +29,13 @@ import torch
 
 from scalelab.core.config import config_hash
 from scalelab.core.rundir import RunDir
+from scalelab.evals.codetasks import sandbox_record
+from scalelab.evals.tasks import get_task
 from scalelab.grpo import heldout
 from scalelab.grpo.advantages import (LossSettings, Normalizer, group_advantages, grpo_loss, k3_kl,
                                       zero_signal_fraction)
 from scalelab.grpo.batch import StepTensors, collate, frame_logprobs, frozen_logprobs, micro_slices
-from scalelab.grpo.checkpoint import load_checkpoint, save_checkpoint
+from scalelab.grpo.checkpoint import CHECKPOINT, find_checkpoint, load_checkpoint, save_checkpoint
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.curriculum import Curriculum
 from scalelab.grpo.distributed import (Dist, FollowerRunDir, check_world, engine_config, engine_dir, join_batches,
@@ -201,7 +203,7 @@ class Loop:
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.run.path / "checkpoint.pt"
+        return self.run.path / CHECKPOINT
 
     def state_dict(self) -> dict:
         return {"plans": {s: [p.stage, list(p.indices)] for s, p in self.plans.items()},
@@ -359,8 +361,8 @@ def start_loop(cfg: GrpoConfig, parts: Parts, run: RunDir, dist: Dist = Dist()) 
     rank reads the checkpoint; rank 0's trainable weights are then broadcast (as DDP does at construction)."""
     pipe = StalenessPipeline(cfg.rollout.staleness)
     optimizer = make_optimizer(parts.policy, cfg)
-    start, ckpt, state = 0, run.path / "checkpoint.pt", {}
-    if cfg.train.resume and ckpt.is_file():
+    start, ckpt, state = 0, find_checkpoint(run.path) if cfg.train.resume else None, {}
+    if ckpt is not None:
         start, saved_hash, state = load_checkpoint(ckpt, parts.policy, optimizer, pipe)
         run.log_event("resumed", step=start, config_changed=saved_hash != config_hash(cfg),
                       **({"world_size": dist.world, "saved_world_size": state.get("world_size", 1)}
@@ -374,6 +376,8 @@ def start_loop(cfg: GrpoConfig, parts: Parts, run: RunDir, dist: Dist = Dist()) 
     sampler, reason = open_nvml() if dist.is_main else (None, f"rank {dist.rank}: rank 0 samples every GPU")
     monitor = GpuMonitor(sampler, cfg.train.gpu_sample_hz, reason).start()
     run.log_event("gpu_monitor", available=monitor.available, reason=reason, hz=cfg.train.gpu_sample_hz)
+    if (sandbox := sandbox_record(get_task(cfg.data.task, **cfg.data.task_options))) is not None:
+        run.log_event("sandbox", **sandbox)  # how the rewards' code runs were confined on this host
     device = next(parts.policy.parameters()).device
     loop = Loop(cfg, parts, run, engine, method, optimizer, pipe, monitor, device, curriculum, dist=dist,
                 engine_dir=workdir)

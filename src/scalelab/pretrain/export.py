@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from scalelab.core import errors
 from scalelab.core.gpt2bpe import EOT
 from scalelab.core.hfio import write_generation_config, write_tokenizer, write_weights
 from scalelab.pretrain.config import ModelConfig
@@ -32,7 +33,7 @@ PROMPT_IDS = (15496, 995, 11, 428, 318, 257, 1332, 13)
 GENERATE_TOKENS = 5
 
 
-class ExportCheckError(RuntimeError):
+class ExportCheckError(errors.ModelError, RuntimeError):
     """The exported folder loads but does not reproduce our model; the files are left for inspection."""
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from scalelab.core import errors
+
 MAGIC = 20240520
 VERSION = 1
 HEADER_INTS = 256
@@ -20,7 +22,7 @@ HEADER_BYTES = HEADER_INTS * 4
 MAX_TOKEN_ID = 2**16 - 1
 
 
-class ShardError(ValueError):
+class ShardError(errors.DataError, ValueError):
     """A shard file is missing, truncated, or has a wrong header."""
 
 

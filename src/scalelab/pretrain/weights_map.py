@@ -14,6 +14,7 @@ from dataclasses import asdict, fields
 
 import torch
 
+from scalelab.core import errors
 from scalelab.pretrain.config import GPT2_VOCAB, ModelConfig
 
 # Matmul weights stored as Conv1D [in, out] by HF GPT-2 (modeling_gpt2.py), nn.Linear [out, in] by us.
@@ -25,7 +26,7 @@ WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 KNOWN_MODEL_KEYS = frozenset(f.name for f in fields(ModelConfig))
 
 
-class GPT2MappingError(ValueError):
+class GPT2MappingError(errors.ModelError, ValueError):
     """A model config or checkpoint that HF GPT-2 cannot express; the message names the field."""
 
 

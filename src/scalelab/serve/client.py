@@ -25,17 +25,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal, Sequence
 
+from scalelab.core import errors
 from scalelab.core.jsonio import json_safe
 from scalelab.serve.workload import Request
 
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
-class ClientConfigError(ValueError):
+class ClientConfigError(errors.ScalelabError, ValueError):
     """The client config cannot work (unknown API, missing API-key variable, unsupported URL)."""
 
 
-class StreamError(Exception):
+class StreamError(errors.ServerError):
     """The server's response is not a well-formed OpenAI SSE stream."""
 
 

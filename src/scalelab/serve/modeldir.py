@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from scalelab.calc.models import ModelSpec
+from scalelab.core import errors
 from scalelab.core.gpt2bpe import EOT
 from scalelab.core.hfio import write_generation_config, write_tokenizer, write_weights
 
 FILLER = "<|pad{}|>"
 
 
-class ModelDirError(ValueError):
+class ModelDirError(errors.ModelError, ValueError):
     """The spec cannot be written as the asked architecture, or a config.json cannot be read as a ModelSpec."""
 
 

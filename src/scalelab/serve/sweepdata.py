@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from scalelab.core import errors
 from scalelab.core.hardware import HARDWARE
 from scalelab.core.jsonio import is_stored, iter_jsonl, read_json
 from scalelab.serve.metrics import EXAMPLE_API_PRICES_USD_PER_1M_OUTPUT, SLO
 from scalelab.serve.rows import Row, row_from_dict
 
 
-class ReportInputError(FileNotFoundError):
+class ReportInputError(errors.DataError, FileNotFoundError):
     """A file the report needs is missing or unreadable; the message names it."""
 
 
