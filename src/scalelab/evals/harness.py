@@ -447,6 +447,12 @@ def _model_args(model_path: Path, dtype: str, peft_path: str | Path | None) -> d
     return args
 
 
+def _model_folder(model_path: str | Path) -> Path:
+    """A folder as given, or a registry name's cached folder (core.models; fetched on first use)."""
+    from scalelab.core.models import registry, resolve
+    return Path(resolve(str(model_path))) if str(model_path) in registry() else Path(model_path)
+
+
 def _check_inputs(model_path: Path, source: str, specs: Sequence[TaskSpec], fewshot: Mapping[str, int],
                   limit: int | None, request_cache: str | Path | None = None) -> None:
     if source not in SOURCES:
@@ -487,7 +493,8 @@ def run_lm_eval(model_path: str | Path, tasks: str | Sequence[str], source: Sour
                 device: str = "cpu", dtype: str = "float32", num_fewshot: Mapping[str, int] | None = None,
                 peft_path: str | Path | None = None, cache_dir: str | Path | None = None,
                 log_samples: bool = False, request_cache: str | Path | None = None) -> EvalResult:
-    """Evaluate an HF model folder on `tasks` (names in TASKS) through lm_eval.simple_evaluate.
+    """Evaluate an HF model folder (or a registry name's folder) on `tasks` (names in TASKS) through
+    lm_eval.simple_evaluate.
 
     request_cache: a folder where the requests (and, per tokenizer, their token ids) are kept for every later
     run with the same task spec; source="local" only. The per-item results are the same with or without."""
@@ -496,7 +503,7 @@ def run_lm_eval(model_path: str | Path, tasks: str | Sequence[str], source: Sour
     import transformers  # lazy: transformers takes seconds to import
 
     from scalelab.evals.tokencache import TokenCachedHFLM  # lazy: tokencache imports lm_eval
-    model_path, specs, fewshot = Path(model_path), resolve_tasks(tasks), dict(num_fewshot or {})
+    model_path, specs, fewshot = _model_folder(model_path), resolve_tasks(tasks), dict(num_fewshot or {})
     _check_inputs(model_path, source, specs, fewshot, limit, request_cache)
     data, task_dir = prepare_local(specs, data_dir, cache_dir) if source == "local" else ((), None)
     tm = task_manager(specs, source, task_dir)

@@ -25,7 +25,8 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = param("smollm2-135m-instruct", "registry name, HF hub id or local folder (core.hfmodel)")
+    name: str = param("smollm2-135m-instruct", "registry name (`scalelab models list`), HF hub id or local "
+                                               "folder (core.models)")
     dtype: Literal["auto", "float32", "bfloat16"] = param("auto", "weights dtype; auto = bf16 on cuda, fp32 on cpu")
     cache_dir: str = param("", "download/conversion cache for hub models; '' = the loader's default")
     lora: LoraConfig = section(LoraConfig)

@@ -84,7 +84,7 @@ def heldout_examples(cfg: GrpoConfig, oversample: int = 4) -> list[Any]:
 
 
 def build_parts(cfg: GrpoConfig) -> Parts:
-    """Model (core.hfmodel), task examples (evals.tasks) and reward functions (evals.rewards) by name."""
+    """Model (core.models), task examples (evals.tasks) and reward functions (evals.rewards) by name."""
     torch.manual_seed(cfg.train.seed)  # LoRA init
     model, tokenizer = load_causal_lm(cfg.model.name, cfg.model.dtype, cfg.train.device,
                                       cfg.model.cache_dir or None)

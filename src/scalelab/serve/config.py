@@ -36,7 +36,8 @@ def _check_str_map(name: str, value: Any, scalar: tuple[type, ...]) -> None:
 
 @dataclass
 class ModelSection:
-    path: str = param("", "model folder or HF hub id the engine serves (also the client's model name); "
+    path: str = param("", "model folder, HF hub id or registry name (`scalelab models list`; served from its "
+                          "cached folder) the engine serves (also the client's model name); "
                           "'' with make_dummy_dir = <run>/model")
     shape: str = param("", "calc preset (qwen2.5-72b, llama-3.1-70b, qwen2.5-7b...) for predictions, the fit "
                            "check and the dummy folder; 'custom' = the [model.custom] table; '' = read "

@@ -158,7 +158,7 @@ def resolve_spec(cfg: ServeConfig) -> ModelSpec:
             return get_model(shape)
         except KeyError as e:
             raise ConfigError(f"config field 'model.shape': {e.args[0]}") from None
-    folder = Path(cfg.model.path)
+    folder = Path(served_model(cfg.model.path))
     if not (folder / "config.json").is_file():
         raise ConfigError(f"config field 'model.shape': empty, and model.path {cfg.model.path!r} has no "
                           "config.json to read the shape from; name a calc preset or 'custom'")
@@ -228,10 +228,17 @@ def make_setup(cfg: ServeConfig) -> Setup:
     return Setup(cfg, rd, spec, model_folder(cfg, rd, spec), header, slo)
 
 
+def served_model(path: str) -> str:
+    """model.path as the engine takes it: a registry name becomes its cached folder (fetched on first use);
+    a folder or a hub id stays as it is (core.models.resolve)."""
+    from scalelab.core.models import registry, resolve
+    return resolve(path) if path in registry() else path
+
+
 def model_folder(cfg: ServeConfig, rd: RunDir, spec: ModelSpec) -> str:
     """The model the engine serves; with make_dummy_dir, built once into the run folder."""
     if not cfg.model.make_dummy_dir:
-        return cfg.model.path.replace(RUN_DIR_TOKEN, str(rd.path.absolute()))
+        return served_model(cfg.model.path.replace(RUN_DIR_TOKEN, str(rd.path.absolute())))
     out = Path(cfg.model.path.replace(RUN_DIR_TOKEN, str(rd.path))) if cfg.model.path else rd.path / "model"
     if not (out / "config.json").is_file():
         dtype = {"auto": "bfloat16"}.get(cfg.model.dtype, cfg.model.dtype)
