@@ -7,7 +7,7 @@ import contextlib
 import fcntl
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 @contextlib.contextmanager
@@ -22,3 +22,12 @@ def file_lock(path: str | Path) -> Iterator[float]:
             yield time.perf_counter() - t0
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def made_once(out: Path, done: Path, lock: Path, make: Callable[[], Path]) -> Path:
+    """`out` when the file `done` exists, else `make()` run by one process of the host at a time: jobs started side
+    by side (a DPO sweep beside GRPO runs) convert once, the others wait on `lock`, then find `done` and reuse it."""
+    if done.is_file():
+        return out
+    with file_lock(lock):
+        return out if done.is_file() else make()

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from scalelab.core.errors import ModelError
-from scalelab.core.filelock import file_lock
+from scalelab.core.filelock import made_once
 
 CACHE_ENV = "SCALELAB_CACHE"
 SOURCE_FILE = "scalelab_source.json"  # written into a cached folder: where its weights came from
@@ -143,13 +143,10 @@ def cached_gguf_folder(gguf: str | Path, cache_dir: str | Path | None = None) ->
     gguf = Path(gguf)
     digest = sha256_file(gguf)
     out = Path(cache_dir or default_cache_dir()) / "models" / digest[:16]
-    if (out / SOURCE_FILE).is_file():
-        return out
-    # jobs started side by side (a DPO sweep beside GRPO runs) convert once: the others wait, then reuse it
-    with file_lock(out.parent / f"{digest[:16]}.lock"):
-        if (out / SOURCE_FILE).is_file():
-            return out
+
+    def convert() -> Path:
         t0 = time.perf_counter()
         model, tokenizer = load_gguf(gguf)
         source = {"gguf_file": gguf.name, "gguf_sha256": digest, "dequantize_s": round(time.perf_counter() - t0, 1)}
         return write_plain_folder(model, tokenizer, out, source)
+    return made_once(out, out / SOURCE_FILE, out.parent / f"{digest[:16]}.lock", convert)

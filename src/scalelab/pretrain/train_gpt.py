@@ -235,8 +235,7 @@ def lr_at(step: int, cfg: PretrainConfig) -> float:
 
 
 def _state_dicts(model, optimizer, world: int) -> tuple[dict, dict]:
-    # lazy: a heavy torch submodule, needed only here
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # lazy: heavy, only here
     if world == 1:
         return get_state_dict(model, optimizer)
     return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -257,8 +256,7 @@ def save_checkpoint(path: Path, model, optimizer, step: int, stream: DeviceBatch
 
 
 def load_checkpoint(path: Path, model, optimizer, cfg: PretrainConfig, data_sha: str, world: int) -> dict:
-    # lazy: a heavy torch submodule, needed only here
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict  # lazy: heavy, only here
     state = torch.load(path, map_location="cpu", weights_only=True)
     if state["manifest_sha256"] != data_sha:
         raise RuntimeError(f"refusing to resume {path}: it was trained on data manifest {state['manifest_sha256'][:12]} "
