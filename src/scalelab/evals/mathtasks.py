@@ -9,19 +9,58 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from scalelab.evals.answers import extract_number, format_number, gsm8k_gold, last_boxed, parse_number
+from scalelab.evals.answers import (Extracted, extract_number, format_number, gsm8k_gold, last_boxed, numbers_in,
+                                    parse_number)
 from scalelab.evals.mathnorm import extract_math_answer, is_equiv, normalize_answer
-from scalelab.evals.prompts import get_format, render
+from scalelab.evals.prompts import get_format, messages
 from scalelab.evals.tasks import (
-    DataError, Example, Resolved, Score, chat, check_split, hub_records, read_records, register_task,
+    DataError, Example, Resolved, Score, check_split, hub_records, read_records, register_task,
     require_fields, resolve_source, take,
 )
 
 
+# Where each prompt format asks for the answer: the strict score reads only that marker.
+ASKED_MARKER = {"cot_hash": "####", "cot_boxed": "boxed", "qwen_boxed": "boxed"}
+
+
+def _first_number(span: str | None, method: str) -> Extracted:
+    found = numbers_in(span) if span else []
+    return Extracted(found[0][0], found[0][1], method) if found else Extracted(None, None, "none")
+
+
+def extract_reference(completion: str) -> Extracted:
+    """The reference GSM8K protocol's lenient reading: the last \\boxed{}'s first number, else the last number
+    in the text (no '####' or 'answer is' rules: the protocol asks for a box and pays nothing else extra)."""
+    got = _first_number(last_boxed(completion), "boxed")
+    if got.value is not None:
+        return got
+    found = numbers_in(completion)
+    return Extracted(found[-1][0], found[-1][1], "last-number") if found else Extracted(None, None, "none")
+
+
+def extract_strict(example: Example, completion: str) -> Extracted:
+    """The answer only where the prompt asked for it (the '####' line or the last \\boxed{}); nothing else."""
+    marker = ASKED_MARKER.get(example.meta.get("prompt_format", ""))
+    if marker == "####":
+        found = [m.strip() for m in completion.split("####")[1:]]
+        return _first_number(found[-1] if found else None, "####")
+    if marker == "boxed":
+        return _first_number(last_boxed(completion), "boxed")
+    return Extracted(None, None, "none")
+
+
+def strict_correct(example: Example, completion: str) -> bool:
+    """Right in the asked-for form: the strict column of the reference protocol."""
+    gold, got = parse_number(example.answer), extract_strict(example, completion)
+    return gold is not None and got.value == gold
+
+
 def score_numeric(example: Example, completion: str) -> Score:
-    """Exact numeric match of the extracted final answer (answers.py) against the gold number."""
+    """Exact numeric match of the extracted final answer against the gold number: the reference protocol's
+    lenient rule for its own prompt format, the robust extraction (answers.py) for the others."""
     gold = parse_number(example.answer)
-    got = extract_number(completion)
+    fmt = example.meta.get("prompt_format")
+    got = extract_reference(completion) if fmt == "qwen_boxed" else extract_number(completion)
     if got.value is None:
         return Score(False, None, "no number in the completion")
     ok = gold is not None and got.value == gold
@@ -78,7 +117,7 @@ class GSM8K:
                 gold = gsm8k_gold(row["answer"])
             except ValueError as e:
                 raise DataError(f"{where}: {e}") from None
-            out.append(Example(self.name, f"gsm8k/{split}/{i}", chat(render(row["question"], fmt)),
+            out.append(Example(self.name, f"gsm8k/{split}/{i}", messages(row["question"], fmt),
                                format_number(gold), {"prompt_format": fmt.name, "solution": row["answer"]}))
         return out
 
@@ -135,7 +174,7 @@ def math_example(row: dict[str, Any], where: str, fmt_name: str, task: str) -> E
         raise DataError(f"{where}: no answer field and no \\boxed{{}} in the solution")
     meta = {"prompt_format": fmt_name, "subject": row.get("subject") or row.get("type", ""),
             "level": row.get("level"), "solution": row["solution"]}
-    return Example(task, row.get("unique_id") or where, chat(render(row["problem"], get_format(fmt_name))),
+    return Example(task, row.get("unique_id") or where, messages(row["problem"], get_format(fmt_name)),
                    answer, meta)
 
 
@@ -145,7 +184,7 @@ class Math500:
     prompt_format: str = "cot_boxed"
     name: ClassVar[str] = "math500"
     splits: ClassVar[tuple[str, ...]] = ("test", "train")
-    formats: ClassVar[tuple[str, ...]] = ("cot_boxed",)  # "#### <number>" does not fit LaTeX answers
+    formats: ClassVar[tuple[str, ...]] = ("cot_boxed", "qwen_boxed")  # "#### <number>" does not fit LaTeX answers
 
     def __post_init__(self) -> None:
         get_format(self.prompt_format, self.formats)

@@ -16,8 +16,9 @@ from scalelab.evals.answers import last_boxed, parse_number
 @dataclass(frozen=True)
 class PromptFormat:
     name: str
-    instruction: str  # appended to the question after a blank line
+    instruction: str  # appended to the question after a blank line ("": the question alone)
     well_formed: Callable[[str], bool]
+    system: str = ""  # a system message before the question ("": none)
 
 
 def _only_number(completion: str) -> bool:
@@ -43,6 +44,10 @@ FORMATS: dict[str, PromptFormat] = {f.name: f for f in (
     PromptFormat("cot_hash", "Think step by step, then write the final answer on the last line as "
                              "\"#### <number>\".", _ends_with_hash),
     PromptFormat("cot_boxed", "Think step by step, then put the final answer in \\boxed{}.", _one_boxed),
+    # The reference GSM8K protocol: Qwen2.5-Math's chain-of-thought system prompt (Yang et al. 2024, the
+    # Qwen2.5-Math report), the question alone as the user turn. Instruct Qwen models answer it in \boxed{}.
+    PromptFormat("qwen_boxed", "", _one_boxed,
+                 system="Please reason step by step, and put your final answer within \\boxed{}."),
 )}
 
 
@@ -53,4 +58,10 @@ def get_format(name: str, allowed: tuple[str, ...] = tuple(FORMATS)) -> PromptFo
 
 
 def render(question: str, fmt: PromptFormat) -> str:
-    return f"{question.strip()}\n\n{fmt.instruction}"
+    return f"{question.strip()}\n\n{fmt.instruction}" if fmt.instruction else question.strip()
+
+
+def messages(question: str, fmt: PromptFormat) -> list[dict[str, str]]:
+    """The chat turns that ask `question` in `fmt`: the system message when the format has one, then the user's."""
+    user = [{"role": "user", "content": render(question, fmt)}]
+    return [{"role": "system", "content": fmt.system}, *user] if fmt.system else user
