@@ -93,7 +93,7 @@ def test_combined_is_the_weighted_sum():
 
 
 def test_registry():
-    assert set(REWARDS) == {"correctness", "partial", "format", "length_aware", "combined"}
+    assert set(REWARDS) == {"correctness", "partial", "format", "format_gated", "length_aware", "combined"}
     assert get_reward("correctness") is correctness_reward
     assert get_reward("length_aware", exploit="length").__name__ == "length_aware_length"
 

@@ -74,6 +74,15 @@ def format_reward(completions: list, examples: list[Example]) -> list[float]:
             for c, ex in zip(completions, examples)]
 
 
+def format_gated_reward(completions: list, examples: list[Example]) -> list[float]:
+    """The format reward paid only with a right answer. Under GRPO's group-std scaling (Shao et al. 2024) an
+    ungated format term is not a small nudge: in a group where no completion is right, the rewards differ only
+    by it, and dividing by that group's std turns a 0.1 difference into advantages of +-1, as large as a right
+    answer's; gating leaves such groups with no signal at all, as a verifier-only reward would."""
+    fmt = format_reward(completions, examples)
+    return [f * c for f, c in zip(fmt, correctness_reward(completions, examples))]
+
+
 EXPLOITS = ("none", "length", "format")
 DEFENSES = ("none", "gate")
 
@@ -137,6 +146,7 @@ REWARDS: dict[str, Callable[..., RewardFn]] = {
     "correctness": lambda: correctness_reward,
     "partial": lambda: partial_reward,
     "format": lambda: format_reward,
+    "format_gated": lambda: format_gated_reward,
     "length_aware": length_aware,
     "combined": combined,
 }

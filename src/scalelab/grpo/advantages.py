@@ -56,6 +56,14 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return picked - torch.logsumexp(scaled, dim=-1)
 
 
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """H(softmax(logits / T)) per position, nats: (B, T, V) -> (B, T), fp32, no graph. The exact entropy over
+    the vocabulary, not the sampled-token estimate -log p, which is noisy at one sample per position."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token unbiased, non-negative estimate of KL(pi_theta || pi_ref) from samples of pi_theta."""
     log_ratio = ref_logp - logp

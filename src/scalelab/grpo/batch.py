@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from scalelab.grpo.advantages import token_logprobs
+from scalelab.grpo.advantages import token_entropy, token_logprobs
 from scalelab.grpo.types import RolloutBatch
 
 
@@ -51,10 +51,17 @@ def collate(batch: RolloutBatch, advantages: torch.Tensor, pad_id: int, device: 
 
 def frame_logprobs(model: Any, t: StepTensors, rows: slice, temperature: float) -> torch.Tensor:
     """(n, W) log softmax(logits / T) of each frame target under `model` (graph kept when grad is on)."""
+    return frame_logprobs_entropy(model, t, rows, temperature, entropy=False)[0]
+
+
+def frame_logprobs_entropy(model: Any, t: StepTensors, rows: slice, temperature: float,
+                           entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """frame_logprobs and, when `entropy`, the policy's entropy at each frame position (n, W), without graph."""
     out = model(input_ids=t.input_ids[rows], attention_mask=t.attention_mask[rows], logits_to_keep=t.keep,
                 use_cache=False)
     logits = out.logits[:, :-1]  # (n, W, V): position p_min - 1 + j predicts token p_min + j
-    return token_logprobs(logits, t.targets[rows], temperature)
+    ent = token_entropy(logits.detach(), temperature) if entropy else None
+    return token_logprobs(logits, t.targets[rows], temperature), ent
 
 
 def micro_slices(n: int, size: int) -> list[slice]:

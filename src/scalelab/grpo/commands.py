@@ -48,6 +48,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="re-score even when eval/base.json, trained.json exist")
     p.set_defaults(func=_eval)
 
+    p = verbs.add_parser("export", help="a run's checkpointed policy as a plain HF folder (LoRA merged), for any "
+                                        "engine to serve (e.g. `scalelab evals battery --model <folder>`)")
+    p.add_argument("run_dir", help="run folder with config.toml and checkpoint.json")
+    p.add_argument("out", help="the folder to write")
+    p.set_defaults(func=_export)
+
     p = verbs.add_parser("seeds", help="the config trained once per seed; held-out pass@1 gain per seed and "
                                        "across seeds with CIs (<out_dir>/<name>/seeds.md)")
     _study_args(p, heldout=False)
@@ -109,6 +115,13 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from scalelab.grpo.heldout import eval_run, headline
     print(headline(eval_run(args.run_dir, force=args.force)))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from scalelab.grpo.export import export_run
+    rec = export_run(args.run_dir, args.out)
+    print(f"wrote {args.out}: step {rec.weights_version} of {rec.base_model}, sha256 {rec.safetensors_sha256[:16]}")
     return 0
 
 

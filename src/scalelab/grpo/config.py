@@ -169,8 +169,10 @@ class LossConfig:
     clip_low: float = param(0.2, "PPO clip: ratio floor 1 - clip_low (Schulman et al. 2017)", ge=0.0, le=1.0)
     clip_high: float = param(0.2, "ratio ceiling 1 + clip_high; > clip_low is DAPO's clip-higher (Yu et al. 2025)",
                              ge=0.0)
-    kl_coef: float = param(0.0, "beta of the k3 KL penalty to the reference (DeepSeekMath eq. 4); 0 = no "
-                                "reference pass", ge=0.0)
+    kl_coef: float = param(0.0, "beta of the k3 KL penalty to the reference (DeepSeekMath eq. 4)", ge=0.0)
+    log_kl: bool = param(True, "run the reference pass on the sampled tokens every step even at kl_coef = 0, so "
+                               "KL(pi || ref) (k3) is logged; costs one forward of the batch (the 'reference' "
+                               "phase), and with full-weight training a frozen copy of the model")
     scale_rewards: Literal["group_std", "none"] = param(
         "group_std", "divide group-centred rewards by the group std (GRPO) or not (Dr. GRPO, Liu et al. 2025)")
     aggregation: Literal["token_mean", "seq_mean", "seq_sum_norm"] = param(
@@ -205,6 +207,9 @@ class TrainConfig:
     torch_threads: int = param(0, "intra-op CPU threads; 0 = torch's default (all cores). On a CPU shared with "
                                   "other jobs fewer threads avoid OpenMP workers spinning against each other", ge=0)
     gpu_sample_hz: float = param(20.0, "NVML utilization/memory samples per second (GPU only)", gt=0.0)
+    budget_s: float = param(0.0, "stop after the step during which this launch's wall time passed budget_s, with a "
+                                 "checkpoint, so a job of fixed length (a 10-minute GPU lease) ends cleanly and "
+                                 "the same command resumes; 0 = no budget", ge=0.0)
 
 
 @dataclass

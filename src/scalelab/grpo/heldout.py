@@ -21,7 +21,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from scalelab.core.jsonio import is_stored, read_json, write_json
-from scalelab.evals.tasks import score_example
+from scalelab.evals.mathtasks import strict_correct
+from scalelab.evals.tasks import Example, score_example
 from scalelab.grpo.checkpoint import find_checkpoint, load_trainable
 from scalelab.grpo.config import GrpoConfig, load_grpo_config
 from scalelab.grpo.parts import build_parts, encode_prompt, heldout_examples, open_engine
@@ -136,6 +137,16 @@ def evaluate_policy(engine: Any, tokenizer: Any, examples: Sequence[Any], s: Eva
 # compute
 
 
+def strict_scores(ev: PolicyEval, cfg: GrpoConfig) -> list[float] | None:
+    """Greedy pass@1 per example in the strict reading (the answer only in the marker the prompt asked for:
+    mathtasks.strict_correct), re-scored from the kept texts; None for tasks without a strict reading."""
+    if cfg.data.task != "gsm8k" or any(r.greedy_text is None for r in ev.examples):
+        return None
+    fmt = cfg.data.task_options.get("prompt_format", "cot_hash")
+    return [float(strict_correct(Example("gsm8k", r.id, [], r.answer, {"prompt_format": fmt}), r.greedy_text or ""))
+            for r in ev.examples]
+
+
 def compare(base: PolicyEval, trained: PolicyEval, cfg: GrpoConfig) -> dict:
     """Trained - base on the same examples: greedy and sampled pass@1 with paired bootstrap intervals."""
     if [r.id for r in base.examples] != [r.id for r in trained.examples]:
@@ -150,6 +161,9 @@ def compare(base: PolicyEval, trained: PolicyEval, cfg: GrpoConfig) -> dict:
                                    [float(r.greedy_correct) for r in trained.examples])
         out["greedy_tokens_mean"] = {"base": float(np.mean([r.greedy_tokens for r in base.examples])),
                                      "trained": float(np.mean([r.greedy_tokens for r in trained.examples]))}
+        strict = strict_scores(base, cfg), strict_scores(trained, cfg)
+        if strict[0] is not None and strict[1] is not None:
+            out["greedy_strict_pass1"] = boot(*strict)
     if base.sampled_pass1 is not None and trained.sampled_pass1 is not None:
         per = lambda ev: [r.sample_correct / r.samples for r in ev.examples]  # noqa: E731  unbiased pass@1 each
         out["sampled_pass1"] = boot(per(base), per(trained))

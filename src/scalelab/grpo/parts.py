@@ -29,7 +29,7 @@ class Parts:
     tokenizer: Any
     examples: list[Any]  # the target task's training examples (evals Example-like: .prompt is a chat list)
     rewards: list[tuple[str, float, RewardFn]]  # (name, weight, fn)
-    reference: Any = None  # frozen copy for full-weight training with kl_coef > 0; None with LoRA
+    reference: Any = None  # frozen copy for full-weight training with kl_coef > 0 or log_kl; None with LoRA
     stages: list[list[Any]] | None = None  # curriculum: examples per stage, easiest first, the target last
     heldout: list[Any] | None = None  # the eval split's examples (eval.at_end), never trained on
 
@@ -49,7 +49,7 @@ def prepare_policy(model: Any, cfg: GrpoConfig) -> tuple[Any, Any]:
     if cfg.model.lora.enabled:
         return apply_lora(model, cfg.model.lora), None
     reference = None
-    if cfg.loss.kl_coef > 0:
+    if cfg.loss.kl_coef > 0 or cfg.loss.log_kl:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     return model, reference
 

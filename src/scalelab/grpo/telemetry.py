@@ -224,7 +224,8 @@ def length_stats(lengths: Sequence[int]) -> dict[str, float]:
 def step_line(rec: StepRecord) -> str:
     """One concise log line per step (llm.c style)."""
     stage = f" | stage {rec.curriculum.stage}" if rec.curriculum is not None else ""
-    return (f"step {rec.step:4d}{stage} | reward {rec.reward_mean:.3f} | kl {rec.kl_mean:.4f} | "
+    entropy = f" | entropy {rec.entropy_mean:.3f}" if rec.entropy_mean is not None else ""
+    return (f"step {rec.step:4d}{stage} | reward {rec.reward_mean:.3f} | kl {rec.kl_mean:.4f}{entropy} | "
             f"len {rec.len_mean:.1f} | rollout {rec.rollout_ms:.0f} ms ({rec.rollout_tokens_per_s:.0f} "
             f"tok/s) | update {rec.update_ms:.0f} ms | sync {rec.weight_sync_ms:.0f} ms | "
             f"step {rec.step_ms:.0f} ms")
@@ -275,7 +276,7 @@ def predict_step(cfg: Any, policy: Any, prompt_len: float, device_type: str) -> 
     # forward 2N FLOPs/token; backward 4N for full weights, ~2N (activation grads only) under LoRA
     per_token = 4.0 if cfg.model.lora.enabled else 6.0
     update_ms = per_token * n_params * seq_tokens * cfg.loss.updates_per_batch / flops_s * 1e3
-    reference_ms = 2.0 * n_params * seq_tokens / flops_s * 1e3 if cfg.loss.kl_coef > 0 else 0.0
+    reference_ms = 2.0 * n_params * seq_tokens / flops_s * 1e3 if cfg.loss.kl_coef > 0 or cfg.loss.log_kl else 0.0
     method = resolve_method(cfg.rollout.weight_sync, cfg.rollout.engine, cfg.model.lora.enabled)
     rates = {**SYNC_BYTES_PER_S, "nccl": hw.link_gb_s * 1e9}
     rate = None if method == "shared" else rates.get(method) or hw.hbm_bytes_s / 2

@@ -34,7 +34,7 @@ from scalelab.evals.tasks import get_task
 from scalelab.grpo import heldout
 from scalelab.grpo.advantages import (LossSettings, Normalizer, group_advantages, grpo_loss, k3_kl,
                                       zero_signal_fraction)
-from scalelab.grpo.batch import StepTensors, collate, frame_logprobs, frozen_logprobs, micro_slices
+from scalelab.grpo.batch import StepTensors, collate, frame_logprobs_entropy, frozen_logprobs, micro_slices
 from scalelab.grpo.checkpoint import CHECKPOINT, find_checkpoint, load_checkpoint, save_checkpoint
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.curriculum import Curriculum
@@ -105,12 +105,15 @@ class UpdateStats:
     is_truncated: float = 0.0
     mismatch_k3_sum: float = 0.0  # k3 of current vs behaviour log-probs before the update
     mismatch_abs_sum: float = 0.0  # |current - behaviour| log-prob: sees fp32-level differences k3 rounds to 0
+    entropy_sum: float = 0.0  # the policy's exact entropy over completion tokens, first update only
+    entropy_tokens: float = 0.0
     grad_norm: float = 0.0
 
     def summary(self) -> dict[str, float]:
         tok = max(self.tokens, 1.0)
         return {"loss": self.loss, "grad_norm": self.grad_norm, "clip_frac": self.clipped / tok,
-                "kl_mean": self.kl_sum / tok, "is_weight_mean": self.is_weight_sum / tok,
+                "kl_mean": self.kl_sum / tok, "entropy_mean": self.entropy_sum / max(self.entropy_tokens, 1.0),
+                "is_weight_mean": self.is_weight_sum / tok,
                 "is_truncated_frac": self.is_truncated / tok, "behavior_mismatch_k3": self.mismatch_k3_sum / tok,
                 "behavior_logp_abs_diff": self.mismatch_abs_sum / tok}
 
@@ -138,7 +141,7 @@ def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer
     policy.train()
     optimizer.zero_grad(set_to_none=True)
     for rows in micro_slices(t.n, cfg.optim.micro_batch_size):
-        logp = frame_logprobs(policy, t, rows, cfg.rollout.temperature)
+        logp, entropy = frame_logprobs_entropy(policy, t, rows, cfg.rollout.temperature, entropy=first)
         old = old_logp[rows] if old_logp is not None else logp.detach()
         terms = grpo_loss(logp, old, t.advantages[rows], t.mask[rows], norm, settings,
                           behavior_logp=t.behavior_logp[rows], ref_logp=None if ref_logp is None else ref_logp[rows])
@@ -153,6 +156,8 @@ def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer
             behavior, current, m = t.behavior_logp[rows], logp.detach(), t.mask[rows]
             stats.mismatch_k3_sum += float((k3_kl(behavior, current) * m).sum())
             stats.mismatch_abs_sum += float(((behavior - current).abs() * m).sum())
+            stats.entropy_sum += float((entropy * m).sum())
+            stats.entropy_tokens += float(m.sum())
     params = [p for p in policy.parameters() if p.requires_grad]
     dist.all_reduce_grads(params)
     stats = stats.summed(dist)
@@ -276,7 +281,7 @@ def learn(loop: Loop, step: int, batch: RolloutBatch, plan: BatchPlan, timer: Ph
     t = collate(take_rows(batch, rows), adv[rows.start:rows.stop], pad, loop.device)
     norm = Normalizer(len(batch.texts), batch.num_tokens, cfg.rollout.max_new_tokens)  # the whole batch's counts
     ref_logp = old_logp = None
-    if cfg.loss.kl_coef > 0:
+    if cfg.loss.kl_coef > 0 or cfg.loss.log_kl:  # at kl_coef 0 the KL is logged, its gradient is 0
         with timer.phase("reference"):
             ref_model = parts.reference if parts.reference is not None else parts.policy
             ref_logp = frozen_logprobs(ref_model, t, cfg.rollout.temperature, cfg.optim.micro_batch_size,
@@ -461,6 +466,7 @@ def train(cfg: GrpoConfig, parts: Parts | None = None, log: Callable[[str], None
     if dist is None:
         with launch(cfg.train.device) as dist:
             return train(cfg, parts, log, dist)
+    launched = time.perf_counter()  # train.budget_s counts from here: model load and engine start included
     check_world(cfg, dist)
     if cfg.train.torch_threads:
         torch.set_num_threads(cfg.train.torch_threads)
@@ -479,8 +485,8 @@ def train(cfg: GrpoConfig, parts: Parts | None = None, log: Callable[[str], None
     loop, start = start_loop(cfg, parts, run, dist)
     t0 = time.perf_counter()
     try:
-        run_steps(loop, start, log)
-        if cfg.eval.at_end and dist.is_main:
+        finished = run_steps(loop, start, log, launched)
+        if cfg.eval.at_end and finished and dist.is_main:
             eval_trained(loop, log)
         dist.barrier()  # the others wait for rank 0's evaluation (distributed.TIMEOUT)
     finally:
@@ -493,19 +499,35 @@ def train(cfg: GrpoConfig, parts: Parts | None = None, log: Callable[[str], None
     return results
 
 
-def run_steps(loop: Loop, start: int, log: Callable[[str], None]) -> None:
-    """Steps `start`.. to the end, a checkpoint (rank 0) every train.checkpoint_every and after the last."""
+def over_budget(cfg: GrpoConfig, t0: float, dist: Dist) -> bool:
+    """Whether train.budget_s has passed since `t0`; every rank takes rank 0's answer, so all stop together."""
+    if not cfg.train.budget_s:
+        return False
+    return dist.sum([float(dist.is_main and time.perf_counter() - t0 > cfg.train.budget_s)])[0] > 0
+
+
+def run_steps(loop: Loop, start: int, log: Callable[[str], None], launched: float | None = None) -> bool:
+    """Steps `start`.. to the end, a checkpoint (rank 0) every train.checkpoint_every and after the last; with
+    train.budget_s, also after the step that passed the budget, and then stop. True when the last step ran."""
     cfg, run = loop.cfg, loop.run
+    t0 = time.perf_counter() if launched is None else launched
     if cfg.eval.at_end and start == 0 and loop.dist.is_main:
         eval_base(loop)
     for step in range(start, cfg.train.max_steps):
         rec = run_step(loop, step)
         run.log_event("grpo_step", **rec.to_json())
         log(step_line(rec))
-        every = cfg.train.checkpoint_every
-        if loop.dist.is_main and (step + 1 == cfg.train.max_steps or (every and (step + 1) % every == 0)):
+        every, last = cfg.train.checkpoint_every, step + 1 == cfg.train.max_steps
+        stop = not last and over_budget(cfg, t0, loop.dist)
+        if loop.dist.is_main and (last or stop or (every and (step + 1) % every == 0)):
             save_checkpoint(loop.checkpoint_path, loop.parts.policy, loop.optimizer, step + 1, loop.pipe,
                             config_hash(cfg), loop.state_dict())
+        if stop:
+            run.log_event("budget_stop", next_step=step + 1, budget_s=cfg.train.budget_s)
+            log(f"train.budget_s={cfg.train.budget_s:g} passed after step {step}: checkpoint saved; run the same "
+                f"command to continue at step {step + 1}")
+            return False
+    return True
 
 
 def summarize(run: RunDir, wall_s: float) -> dict:

@@ -153,9 +153,10 @@ class StepRecord:
     rank_rollout_ms: tuple[float, ...] | None = None  # per rank, only under torchrun
     rank_rollout_tokens: tuple[int, ...] | None = None
     gpu: Mapping[str, Mapping[str, float]] | None = None  # per phase (telemetry.gpu_phase_summary) when sampled
+    entropy_mean: float | None = None  # the policy's entropy per completion token, nats (records before: None)
 
     GROUPED: ClassVar[tuple[str, ...]] = ("reward_components", "completion_rewards", "curriculum",
-                                          "rank_rollout_ms", "rank_rollout_tokens", "gpu")
+                                          "rank_rollout_ms", "rank_rollout_tokens", "gpu", "entropy_mean")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -168,7 +169,7 @@ class StepRecord:
             elif f.name == "curriculum":
                 if value is not None:
                     out.update({f"curriculum_{k}": v for k, v in asdict(value).items()})
-            elif f.name in ("rank_rollout_ms", "rank_rollout_tokens", "gpu"):
+            elif f.name in ("rank_rollout_ms", "rank_rollout_tokens", "gpu", "entropy_mean"):
                 if value is not None:
                     out[f.name] = list(value) if isinstance(value, tuple) else value
             else:
@@ -192,4 +193,5 @@ class StepRecord:
         ranks = {n: tuple(d[n]) for n in ("rank_rollout_ms", "rank_rollout_tokens") if n in d}
         components = {k.removeprefix("reward/"): v for k, v in d.items() if k.startswith("reward/")}
         return cls(**plain, reward_components=components, curriculum=curriculum, gpu=d.get("gpu"), **ranks,
+                   entropy_mean=d.get("entropy_mean"),
                    completion_rewards={n: tuple(v) for n, v in d["completion_rewards"].items()})

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# GRPO of the real Qwen2.5-Coder-0.5B-Instruct on GSM8K on one H200 (configs/grpo/qwen2.5-coder-0.5b-gsm8k-h200.toml,
+# one run per learning rate side by side), the shipped recipe's collapse beside its defense (the format reward
+# gated by correctness), and the base model's battery; then each recipe run's policy exported and scored on
+# MATH-500 (out of domain) and GSM8K through a vLLM server. One window of WORK_S seconds on a warm machine:
+#   bash bench/gpu_grpo_real.sh bundle               unpack the vLLM bundle (carry .gpu-bundle)
+#   bash bench/gpu_grpo_real.sh setup CHUNK_DIR      join the carried chunk set (bench/TRANSFER.md: the GGUF as
+#                                                    model.gguf, whl/ with the wheels the image lacks, data.tar.xz
+#                                                    with the evaluation sets), install, dequantize the model
+#   bash bench/gpu_grpo_real.sh launch               start `work` in a session of its own (it outlives the call)
+#   bash bench/gpu_grpo_real.sh poll SECONDS         wait up to SECONDS (or until work ends), copy results to $OUT
+# Every part resumes (run checkpoints, per-task battery records), so `work` run again continues a cut-off window.
+#   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), WORK_S (default 1140), SEED (default 0),
+#        LRS (default "2e-5 5e-5"), PARTS (default "battery recipe collapse"), SCALELAB_GIT_SHA (the commit, as
+#        the copied tree has no .git)
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+       VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 TOKENIZERS_PARALLELISM=false
+export SCALELAB_CACHE=/tmp/scalelab-cache SCALELAB_SHARED_DATA=/tmp/data
+export PYTHONPATH=$PWD/src:/tmp/site:/tmp/vllm-site/site
+OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/grpo-runs}; WORK_S=${WORK_S:-1140}; SEED=${SEED:-0}
+LRS=${LRS:-"2e-5 5e-5"}; PARTS=${PARTS:-"battery recipe collapse"}
+LOGS=$RUNS/logs
+NAME=qwen2.5-coder-0.5b-instruct-q4km
+GGUF_REL=gguf/$NAME/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+RECIPE=configs/grpo/qwen2.5-coder-0.5b-gsm8k-h200.toml
+SHIPPED=configs/grpo/qwen2.5-7b-gsm8k.toml
+mkdir -p "$OUT" "$RUNS" "$LOGS"
+sl() { python3 -m scalelab.cli "$@"; }
+END=$((SECONDS + WORK_S))  # every launch of this call stops by then: its train.budget_s is what is left
+left() { echo $((END - SECONDS - ${1:-0})); }
+grpo() {  # $1 = log name, then `grpo train` arguments: runs when >= 150 s are left, stopping at the call's end
+  local log=$1; shift
+  [ "$(left)" -ge 150 ] || { echo "skipped: $(left) s left in this call" >> "$LOGS/$log.log"; return 0; }
+  timeout -s INT "$(left -30)" python3 -m scalelab.cli grpo train "$@" --set train.budget_s=$(left 80) \
+    >> "$LOGS/$log.log" 2>&1
+}
+
+setup() {  # $1 = the folder holding the chunk set's manifest and chunks
+  local t0=$SECONDS
+  python3 -m scalelab.core.chunks join /tmp/carry "$1" || return 1
+  rm -rf "$1"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/carry/whl/*.whl || return 1
+  mkdir -p /tmp/data && tar -C /tmp/data -xJf /tmp/carry/data.tar.xz || return 1
+  mkdir -p "$SCALELAB_CACHE/$(dirname "$GGUF_REL")" && mv /tmp/carry/model.gguf "$SCALELAB_CACHE/$GGUF_REL"
+  echo "setup: joined and installed in $((SECONDS - t0)) s"
+  sl models path "$NAME" || return 1  # checks the GGUF's pinned sha256, dequantizes once into the cache
+  echo "setup: model ready after $((SECONDS - t0)) s"
+  python3 -c "import torch, transformers, peft, vllm, lm_eval; print('versions torch', torch.__version__,
+'transformers', transformers.__version__, 'peft', peft.__version__, 'vllm', vllm.__version__, 'lm_eval',
+lm_eval.__version__, torch.cuda.get_device_name())"
+}
+
+recipe_run() {  # $1 = learning rate: train until 330 s before the end, then score it in and out of domain
+  local name=recipe-lr$1-s$SEED
+  END=$((END - 330)) grpo "$name" --config "$RECIPE" --set run.out_dir="\"$RUNS\"" \
+    --set run.name="\"$name\"" --set optim.lr=$1 --set train.seed=$SEED
+  sl grpo eval "$RUNS/$name" >> "$LOGS/$name.log" 2>&1  # a run stopped by its budget is scored at that step
+  sl grpo export "$RUNS/$name" "/tmp/exports/$name" >> "$LOGS/$name.log" 2>&1 || return 1
+  timeout -s INT "$(left)" python3 -m scalelab.cli evals battery --model "/tmp/exports/$name" \
+    --out "$RUNS/$name/battery" --data-dir /tmp/data --tasks gsm8k,math500 >> "$LOGS/$name.log" 2>&1
+}
+
+recipe() {  # one run per learning rate, side by side on the GPU (vLLM engines start one at a time: a lock)
+  local lr pids=()
+  for lr in $LRS; do recipe_run "$lr" & pids+=($!); sleep 5; done
+  wait "${pids[@]}"
+}
+
+collapse() {  # the shipped recipe on the real model (as a new user ran it), then the same with the format gated
+  local common=(--config "$SHIPPED" --set model.name="\"$NAME\"" --set rollout.engine='"vllm_colocated"'
+                --set model.lora.enabled=false --set rollout.server.gpu_memory_utilization=0.15
+                --set optim.micro_batch_size=8 --set train.max_steps=10 --set train.checkpoint_every=5
+                --set rollout.server.tensor_parallel=1 --set rollout.server.gpus="\"\"" --set train.seed=$SEED
+                --set run.out_dir="\"$RUNS\"")
+  grpo collapse-shipped "${common[@]}" --set run.name='"collapse-shipped"'
+  grpo collapse-gated "${common[@]}" --set run.name='"collapse-gated"' \
+    --set 'data.rewards=["correctness", "format_gated"]'
+}
+
+battery() {  # the base model's battery (resumable per task): multiple choice through lm-eval, then generation
+  timeout -s INT "$(left)" python3 -m scalelab.cli evals battery --model "$NAME" --out "$RUNS/battery-$NAME" \
+    --data-dir /tmp/data ${BATTERY_TASKS:+--tasks $BATTERY_TASKS} >> "$LOGS/battery.log" 2>&1
+}
+
+pack() {  # every run folder without weights or engine files; the adapter's sha256 stands for it
+  local d
+  for d in "$RUNS"/*/; do
+    d=$(basename "$d")
+    mkdir -p "$OUT/runs/$d"
+    tar -C "$RUNS/$d" --exclude='checkpoint*' --exclude=weights --exclude='*.safetensors' --exclude=rollout \
+      -cf - . | tar -C "$OUT/runs/$d" -xf -
+    find "$RUNS/$d" -maxdepth 2 \( -name '*.safetensors' -o -name 'checkpoint-*.pt' \) -exec sha256sum {} + \
+      > "$OUT/runs/$d/weights.sha256" 2>/dev/null
+  done
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.csv" 2>&1
+  git rev-parse HEAD > "$OUT/git_sha" 2>/dev/null || true
+}
+
+work() {
+  local part pids=()
+  for part in $PARTS; do "$part" & pids+=($!); sleep 5; done
+  wait "${pids[@]}"
+  echo "work done after $SECONDS s" > "$RUNS/work.done"
+}
+
+poll() {  # $1 = seconds to wait at most
+  local until=$((SECONDS + $1))
+  while [ $SECONDS -lt "$until" ] && [ ! -f "$RUNS/work.done" ]; do sleep 10; done
+  pack
+  cp -r "$LOGS" "$OUT/logs" 2>/dev/null
+  for f in "$LOGS"/*.log; do echo "== $(basename "$f")"; grep -E "^step|held-out|budget|rror|wrote|gsm8k|math500" "$f" \
+    | tail -3 | cut -c1-220; done
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+  cat "$RUNS/work.done" 2>/dev/null || echo "work still running"
+}
+
+case "${1:-}" in
+  bundle) bash .gpu-bundle/unpack.sh | tail -1 ;;
+  setup) setup "${2:?usage: bash bench/gpu_grpo_real.sh setup CHUNK_DIR}" ;;
+  launch) rm -f "$RUNS/work.done"; setsid nohup bash "$0" work > "$RUNS/work.log" 2>&1 < /dev/null &
+          sleep 2; echo "launched work (pid $!), window ${WORK_S} s" ;;
+  work) work ;;
+  poll) poll "${2:?usage: bash bench/gpu_grpo_real.sh poll SECONDS}" ;;
+  *) echo "usage: bash bench/gpu_grpo_real.sh bundle | setup CHUNK_DIR | launch | work | poll SECONDS" >&2; exit 2 ;;
+esac
