@@ -112,3 +112,24 @@ def test_eval_in_the_loop_then_after_the_fact(tmp_path):
     assert forced["greedy_pass1"] == summary["greedy_pass1"]
     again = load_eval(cfg.run_dir, "trained")
     assert [r.sample_tokens for r in again.examples] == [r.sample_tokens for r in trained.examples]
+
+
+def test_strict_gsm8k_pass1_beside_lenient_on_the_reference_protocol():
+    from scalelab.evals.tasks import get_task
+    task = get_task("gsm8k", prompt_format="qwen_boxed")
+    exs = [type("E", (), {"id": f"g{i}", "answer": a, "prompt": "q", "task": "gsm8k",
+                          "meta": {"prompt_format": "qwen_boxed"}})() for i, a in enumerate(["18", "3", "7"])]
+    score = lambda ex, text: task.score(ex, text).correct  # noqa: E731  lenient: the box, else the last number
+    settings = EvalSettings(greedy=True, samples=0, temperature=1.0, max_new_tokens=4, prompts_per_call=3, seed=0)
+    base = evaluate_policy(Scripted(["so 18", "\\boxed{4}", "7 it is"], []), tiny_tokenizer(), exs, settings,
+                           "base", "k", "test", scorer=score)
+    trained = evaluate_policy(Scripted(["\\boxed{18}", "\\boxed{3}", "7 it is"], [], 5), tiny_tokenizer(), exs,
+                              settings, "trained", "k", "test", scorer=score)
+    cfg = load_config(GrpoConfig, None, ["eval.bootstrap_resamples=200", "data.task=\"gsm8k\"",
+                                         "data.task_options={prompt_format = \"qwen_boxed\"}"])
+    s = compare(base, trained, cfg)
+    # lenient: base right on 1 and 3 (last numbers 18 and 7), trained on all three
+    assert (s["greedy_pass1"]["base"], s["greedy_pass1"]["trained"]) == (pytest.approx(2 / 3), 1.0)
+    # strict: only boxed answers count: base 0 of 3, trained 2 of 3 (the third is unboxed)
+    assert (s["greedy_strict_pass1"]["base"], s["greedy_strict_pass1"]["trained"]) == (0.0, pytest.approx(2 / 3))
+    assert "strict 0.0% -> 66.7%" in headline(s)

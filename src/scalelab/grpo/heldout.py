@@ -206,9 +206,14 @@ def headline(summary: dict) -> str:
     d = summary.get(which)
     if not d:
         return "held-out: no pass@1 measured"
-    return (f"held-out {summary['split']} ({summary['n_examples']} examples) {which.replace('_', ' ')}: "
+    line = (f"held-out {summary['split']} ({summary['n_examples']} examples) {which.replace('_', ' ')}: "
             f"{100 * d['base']:.1f}% -> {100 * d['trained']:.1f}% ({100 * d['delta']:+.1f} points, "
             f"{100 * d['confidence']:.0f}% CI {100 * d['ci_low']:+.1f} to {100 * d['ci_high']:+.1f})")
+    strict = summary.get("greedy_strict_pass1")
+    if which == "greedy_pass1" and strict:
+        line += (f"; strict {100 * strict['base']:.1f}% -> {100 * strict['trained']:.1f}% "
+                 f"({100 * strict['delta']:+.1f}, CI {100 * strict['ci_low']:+.1f} to {100 * strict['ci_high']:+.1f})")
+    return line
 
 
 # ---------------------------------------------------------------------------------------------
