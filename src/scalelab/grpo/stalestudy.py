@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from scalelab.core.numfmt import num
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import load_grpo_config
 from scalelab.grpo.plots import figure, finish, save
@@ -65,10 +66,6 @@ def collect(run_dir: Path) -> dict:
                       "heldout": heldout_headline(rd.read_optional("eval/summary.json"))}}
 
 
-def _fmt(x: float | None, spec: str) -> str:
-    return "—" if x is None else format(x, spec)
-
-
 def render_markdown(rows: Sequence[dict], name: str) -> str:
     table = []
     for r in rows:
@@ -78,7 +75,7 @@ def render_markdown(rows: Sequence[dict], name: str) -> str:
         table.append(f"| {r['name']} | {r['k']} | {'yes' if r['is_correction'] else 'no'} | {len(r['steps'])} | "
                      f"{f['reward_first_quarter']:.3f} -> {f['reward_last_quarter']:.3f} | "
                      f"{f['mismatch_last_quarter']:.2e} | {f['kl_last_quarter']:.2e} | "
-                     f"{_fmt(f['median_step_ms'], ',.0f')} | {_fmt(f['median_overlapped_step_ms'], ',.0f')} | "
+                     f"{num(f['median_step_ms'], '{:,.0f}')} | {num(f['median_overlapped_step_ms'], '{:,.0f}')} | "
                      f"{held} |")
     metric = next((r["final"]["heldout"]["metric"] for r in rows if r["final"]["heldout"]), "held-out pass@1")
     return "\n".join([
