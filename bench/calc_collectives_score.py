@@ -20,6 +20,7 @@ from scalelab.calc.calibration import fits_from_results
 from scalelab.calc.collective_score import (Scored, Summary, bucketed_all_reduce_s, points_from_bench, score_cross,
                                             score_loo, score_prior, summarize)
 from scalelab.calc.collectives import Link
+from scalelab.calc.docs_measured import collectives_lines
 from scalelab.calc.modelconfig import load_model_file
 from scalelab.calc.models import count_params
 from scalelab.core.hardware import get_hardware
@@ -56,17 +57,6 @@ def ddp_bound(doc: dict, cvm: dict) -> dict:
             "residual_definition": case["measured_comm_definition"]}
 
 
-def markdown(summaries: list[Summary], bound: dict) -> str:
-    lines = ["| model | sizes | points | within ±15% | median abs err | worst (point) |", "|---|---|---|---|---|---|"]
-    for s in summaries:
-        lines.append(f"| {s.method} | {s.regime} | {s.n} | {s.within_15pct} | {s.median_abs_err:.1%} "
-                     f"| {s.worst_abs_err:.1%} ({s.worst_point}) |")
-    lines += ["", f"124M DDP: all gradient all-reduces, none overlapped: {bound['all_reduce_total_s'] * 1e3:.2f} ms; "
-              f"step residual {bound['step_residual_s'] * 1e3:.2f} ms, so at least "
-              f"{bound['residual_not_communication_s'] * 1e3:.2f} ms of it is not communication."]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nccl", default=NCCL)
@@ -82,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [{**asdict(r), "rel_err": r.rel_err, "regime": r.regime} for r in rows], "ddp_bound": bound})
     write_json(out / "provenance.json", {"git_sha": git_sha(REPO), "command": "python bench/calc_collectives_score.py",
                                          "inputs": [args.nccl, CVM], "measured_provenance": doc.get("provenance", {})})
-    print(markdown(summaries, bound))
+    print("\n".join(collectives_lines(read_json(out / "results.json"))))
     return 0
 
 

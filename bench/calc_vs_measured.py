@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalelab.calc.calibration import CollectiveFit, load_calibration
-from scalelab.calc.commands import build_train_setup, compute_eff_from, register
+from scalelab.calc.docs_measured import calibration_lines
+from scalelab.calc.verbs import build_train_setup, compute_eff_from, parser
 from scalelab.calc.layout import TrainSetup
 from scalelab.calc.plan import estimate_step
 
@@ -146,15 +147,9 @@ def measure(spec: CaseSpec, repo: Path) -> Measured:
 # compute: run calc in-process, through the same argument parser and setup builder as the CLI
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scalelab calc")
-    register(p)
-    return p
-
-
 def setup_from(args: tuple[str, ...], repo: Path) -> TrainSetup:
     absolute = [str(repo / a) if a.endswith(".toml") else a for a in args]
-    setup = build_train_setup(_parser().parse_args(["train", *absolute]))
+    setup = build_train_setup(parser().parse_args(["train", *absolute]))
     if not setup.cluster.calibrated:
         raise RuntimeError(f"no NCCL calibration for {setup.cluster.hardware.key}: expected {repo / NCCL}")
     return setup
@@ -199,7 +194,7 @@ def case_json(r: CaseResult) -> dict:
             "predicted_step_s": p.step_s, "measured_step_s": m.step_s, "error_pct": r.error_pct,
             "within_15pct": r.within_15pct, "predicted_exposed_comm_s": p.exposed_comm_s,
             "predicted_comm_before_overlap_s": p.comm_s, "predicted_compute_s": p.compute_s,
-            "measured_comm_s": m.comm_s,
+            "measured_comm_s": m.comm_s, "base_run": r.spec.base_run, "base_step_s": m.base_s,
             "measured_comm_definition": f"{m.step_source} - {r.spec.base_share:g} x {m.base_source}",
             "compute_eff": p.compute_eff, "fitted_on": fitted_on(r), "measured_from": m.step_source,
             "fit_command": p.fit_command, "predict_command": p.predict_command, "note": r.spec.note}
@@ -208,26 +203,6 @@ def case_json(r: CaseResult) -> dict:
 def fit_json(f: CollectiveFit, repo: Path) -> dict:
     return {"alpha_us": f.alpha_s * 1e6, "busbw_gb_s": f.busbw_bytes_s / 1e9, "max_rel_err": f.max_rel_err,
             "n_points": f.n_points, "source": f.source.replace(f"{repo}/", "")}
-
-
-def fit_table(fits: dict[str, CollectiveFit]) -> str:
-    rows = [f"| {c} | {f.alpha_s * 1e6:.1f} | {f.busbw_bytes_s / 1e9:.0f} | {f.max_rel_err:.0%} | {f.n_points} |"
-            for c, f in fits.items()]
-    return "\n".join(["| collective | alpha (µs) | bus bandwidth (GB/s) | max rel. error | points |",
-                      "|---|---|---|---|---|", *rows])
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.2f} ms"
-
-
-def case_table(results: list[CaseResult]) -> str:
-    rows = [f"| {r.spec.name}{'' if r.spec.scored else ' (not scored)'} | {r.spec.base_run} "
-            f"{_ms(r.measured.base_s)} -> eff {r.predicted.compute_eff:.3f} | {_ms(r.predicted.step_s)} "
-            f"| {_ms(r.measured.step_s)} | {r.error_pct:+.1f}% | {_ms(r.predicted.exposed_comm_s)} "
-            f"| {_ms(r.measured.comm_s)} | {'yes' if r.within_15pct else 'NO'} |" for r in results]
-    return "\n".join(["| case | compute fitted on | predicted step | measured step | error | predicted exposed comm "
-                      "| measured comm | within ±15% |", "|---|---|---|---|---|---|---|---|", *rows])
 
 
 def summary(results: list[CaseResult]) -> dict:
@@ -267,10 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     results, fits = compute(REPO), nccl_fits(REPO)
     doc = document(results, fits, REPO)
     (REPO / args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"NCCL alpha-beta fit ({NCCL}, 2 ranks):\n\n{fit_table(fits)}\n\n{case_table(results)}\n")
-    s = doc["summary"]
-    print(f"{s['within_15pct']}/{s['scored']} scored cases within ±15% (worst {s['max_abs_error_pct_scored']:.1f}%); "
-          f"wrote {args.out}")
+    print("\n".join(calibration_lines(doc, ranks=2)) + f"; wrote {args.out}")
     return 0
 
 

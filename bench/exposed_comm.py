@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scalelab.calc.commands import build_train_setup, register
+from scalelab.calc.verbs import build_train_setup, parser
 from scalelab.calc.plan import estimate_step
 from scalelab.core.config import dump_toml
 from scalelab.core.jsonio import write_json
@@ -46,10 +46,8 @@ def calc_args(config: str, cfg, world: int, gpu: str) -> list[str]:
 
 
 def predict(config: str, cfg, world: int, gpu: str, compute_eff: float) -> dict:
-    parser = argparse.ArgumentParser(prog="scalelab calc")
-    register(parser)
     argv = calc_args(config, cfg, world, gpu)
-    est = estimate_step(build_train_setup(parser.parse_args(argv)), compute_eff)
+    est = estimate_step(build_train_setup(parser().parse_args(argv)), compute_eff)
     return {"command": "scalelab calc " + " ".join(argv) + f" --compute-eff {compute_eff}",
             "comm_before_overlap_s": est.comm_s, "exposed_comm_s": est.exposed_comm_s,
             "compute_s": est.compute.total_s, "written_unix": time.time()}

@@ -1,4 +1,4 @@
-"""docs/<job>.md regenerate from their manifests in docs/: the serve and grpo pages byte for byte (figures are
+"""docs/<job>.md regenerate from their manifests in docs/: the calc, serve and grpo pages byte for byte (figures are
 written beside the page in the test's folder, so the committed ones are not touched), and each manifest names only
 folders that exist."""
 from __future__ import annotations
@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from scalelab.calc.docs import docs as calc_docs
 from scalelab.grpo.docs import docs as grpo_docs
 from scalelab.serve.docs import docs as serve_docs
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("job", ["pretrain", "serve", "dpo", "grpo"])
+@pytest.mark.parametrize("job", ["calc", "pretrain", "serve", "dpo", "grpo"])
 def test_manifest_names_existing_results(job):
     m = tomllib.loads((REPO / "docs" / f"{job}.toml").read_text())
     assert m["job"] == job and m["out"] == f"docs/{job}.md"
@@ -33,7 +34,7 @@ def _strings(node):
             yield from _strings(v)
 
 
-@pytest.mark.parametrize("job, make", [("serve", serve_docs), ("grpo", grpo_docs)])
+@pytest.mark.parametrize("job, make", [("calc", calc_docs), ("serve", serve_docs), ("grpo", grpo_docs)])
 def test_docs_regenerate_byte_identical(tmp_path, monkeypatch, job, make):
     monkeypatch.chdir(REPO)       # the manifest path is printed as given, relative to the repository
     out = make(Path("docs") / f"{job}.toml", tmp_path / f"{job}.md")

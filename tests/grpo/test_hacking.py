@@ -11,6 +11,7 @@ from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.hacking import Arm, arm_overrides, hacking_study, verdict
 from scalelab.grpo.report import HackFlag, monitor_flags, MonitorThresholds
 from tests.grpo.test_studies import Counting
+from tests.grpo.test_types import _record
 
 OK = HackFlag("length growth without accuracy growth", True, False, "")
 HIT = HackFlag("length growth without accuracy growth", True, True, "")
@@ -37,7 +38,7 @@ def test_verdict_rule(exploit, defended, works, why):
 
 
 def steps(lengths, correct):
-    return [{"step": i, "len_mean": n, "reward/correctness": c, "reward/format": 0.0}
+    return [_record(step=i, len_mean=n, reward_components={"correctness": c, "format": 0.0})
             for i, (n, c) in enumerate(zip(lengths, correct))]
 
 

@@ -36,7 +36,9 @@ def step_record(step: int, shape: dict, length: float, correct: float, fmt: floa
             "reward_mean": correct + 0.5 * fmt, "reward_std": 0.1, "zero_signal_frac": 0.0, "adv_abs_mean": 0.5,
             "lr": 1e-5, "reward/correctness": correct, "reward/format": fmt, "loss": 0.1, "grad_norm": 0.2,
             "clip_frac": 0.0, "kl_mean": 0.01 * step, "is_weight_mean": 1.0, "is_truncated_frac": 0.0,
-            "behavior_mismatch_k3": 0.0, "sync_bytes": 0, "sync_restarted": False}
+            "behavior_mismatch_k3": 0.0, "behavior_logp_abs_diff": 0.0, "completion_lengths": [int(length)] * 4,
+            "completion_rewards": {"correctness": [correct] * 4, "format": [fmt] * 4}, "example_ids": ["a", "b"],
+            "sync_bytes": 0, "sync_restarted": False}
 
 
 def gpu_event(step: int, t_s: list[float], util: list[float], phase: list[str]) -> dict:

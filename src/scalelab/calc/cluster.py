@@ -13,6 +13,7 @@ the node through its own NIC while the (k-1)/n on-node part moves over NVLink at
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from scalelab.calc.calibration import load_calibration
 from scalelab.calc.collectives import BUS_FACTOR, Link
@@ -51,11 +52,11 @@ class Cluster:
         return min(self.gpus_per_node, self.n_gpus)
 
 
-def _intra_links(hw: Hardware, bw_gb_s: float | None, latency_us: float | None, calibrate: bool
-                 ) -> tuple[dict[str, Link], bool]:
+def _intra_links(hw: Hardware, bw_gb_s: float | None, latency_us: float | None, calibrate: bool,
+                 root: Path | None = None) -> tuple[dict[str, Link], bool]:
     table = Link(hw.link_gb_s * 1e9, hw.link_latency_us * 1e-6, f"core/hardware.py {hw.key}: {hw.source}")
     links = {c: table for c in BUS_FACTOR}
-    fits = load_calibration(hw.key) if calibrate else {}
+    fits = load_calibration(hw.key, root) if calibrate else {}
     for c, f in fits.items():
         links[c] = Link(f.busbw_bytes_s, f.alpha_s, f"fit to {f.source} (max rel. err {f.max_rel_err:.0%})")
     if bw_gb_s is not None or latency_us is not None:   # explicit overrides win over table and fit
@@ -67,10 +68,13 @@ def _intra_links(hw: Hardware, bw_gb_s: float | None, latency_us: float | None, 
 
 def make_cluster(gpu: str, n_gpus: int, *, intra_bw_gb_s: float | None = None, inter_bw_gb_s: float | None = None,
                  latency_us: float | None = None, inter_latency_us: float | None = None,
-                 gpus_per_node: int | None = None, calibrate: bool = True) -> Cluster:
+                 gpus_per_node: int | None = None, calibrate: bool = True,
+                 calibration_root: Path | None = None) -> Cluster:
+    """calibration_root: the folder whose <gpu>/nccl_*.json fits replace the table's links (default
+    calibration.results_dir())."""
     hw = get_hardware(gpu)
     node = NODES.get(gpu, NodeSpec(8, 50.0, 20.0, "assumed"))
-    links, calibrated = _intra_links(hw, intra_bw_gb_s, latency_us, calibrate)
+    links, calibrated = _intra_links(hw, intra_bw_gb_s, latency_us, calibrate, calibration_root)
     return Cluster(hw, n_gpus, gpus_per_node or node.gpus_per_node, links,
                    (inter_bw_gb_s if inter_bw_gb_s is not None else node.nic_gb_s) * 1e9,
                    (inter_latency_us if inter_latency_us is not None else node.nic_latency_us) * 1e-6,

@@ -29,7 +29,7 @@ from scalelab.calc.flops import attention_flops_per_context_token, forward_flops
 from scalelab.calc.layout import TrainSetup
 from scalelab.calc.memory import MemoryBreakdown, train_memory
 from scalelab.calc.parallelism import CommTerm, all_terms, bubble_fraction
-from scalelab.calc.units import fmt_bytes, fmt_pct, fmt_s
+from scalelab.core.numfmt import nbytes, pct, seconds
 
 
 @dataclass(frozen=True)
@@ -159,21 +159,21 @@ def dominant_sentence(e: StepEstimate) -> str:
     parts.update({f"{d} communication": x for d, (_, x, _, _) in e.dim_totals().items()})
     overheads = {k: v for k, v in parts.items() if k != "compute" and v > 0}
     if not overheads:
-        return (f"Compute is the whole step ({fmt_s(e.step_s)}): no communication or bubble is exposed, "
-                f"so MFU equals the assumed matmul efficiency ({fmt_pct(e.compute_eff)}).")
+        return (f"Compute is the whole step ({seconds(e.step_s)}): no communication or bubble is exposed, "
+                f"so MFU equals the assumed matmul efficiency ({pct(e.compute_eff)}).")
     name = max(overheads, key=overheads.get)
     why = _why(e, name)
     if parts["compute"] >= overheads[name]:
-        return (f"Compute dominates ({fmt_s(e.compute.total_s)} of a {fmt_s(e.step_s)} step); the largest "
-                f"overhead is {name} at {fmt_s(overheads[name])} exposed: {why}.")
-    return (f"{name[0].upper()}{name[1:]} dominates: {fmt_s(overheads[name])} exposed against "
-            f"{fmt_s(e.compute.total_s)} of compute in a {fmt_s(e.step_s)} step: {why}.")
+        return (f"Compute dominates ({seconds(e.compute.total_s)} of a {seconds(e.step_s)} step); the largest "
+                f"overhead is {name} at {seconds(overheads[name])} exposed: {why}.")
+    return (f"{name[0].upper()}{name[1:]} dominates: {seconds(overheads[name])} exposed against "
+            f"{seconds(e.compute.total_s)} of compute in a {seconds(e.step_s)} step: {why}.")
 
 
 def _why(e: StepEstimate, name: str) -> str:
     lay = e.setup.layout
     if name == "pipeline bubble":
-        return (f"(p-1)/(v·m+p-1) = {fmt_pct(e.bubble_fraction)} of the step idles with p={lay.pp}, "
+        return (f"(p-1)/(v·m+p-1) = {pct(e.bubble_fraction)} of the step idles with p={lay.pp}, "
                 f"m={e.micro_batches}, v={lay.vpp}")
     dim = name.split()[0]
     mine = [x for x in e.terms if x.term.dim == dim]
@@ -181,8 +181,8 @@ def _why(e: StepEstimate, name: str) -> str:
     top = max(terms, key=lambda t: t.bytes_per_call)
     worst = max(mine, key=lambda x: x.exposed_s).term       # its window explains the exposure
     whats = " + ".join(dict.fromkeys(t.what for t in terms))
-    return (f"{whats}: {sum(t.calls_per_step for t in terms):g} calls of up to {fmt_bytes(top.bytes_per_call)} per "
+    return (f"{whats}: {sum(t.calls_per_step for t in terms):g} calls of up to {nbytes(top.bytes_per_call)} per "
             f"step over {top.group_size} GPUs ({top.scope}-node, {top.link_gb_s:.0f} GB/s bus, {top.latency_us:.0f} µs)"
-            f" take {fmt_s(sum(t.time_s for t in terms))}; "
+            f" take {seconds(sum(t.time_s for t in terms))}; "
             + (f"most of the exposed part is {worst.what}, and " if len(terms) > 1 else "")
             + WHY[worst.window])

@@ -11,7 +11,8 @@ from scalelab.calc.disagg import DisaggResult
 from scalelab.calc.models import count_params
 from scalelab.calc.parallelism import setup_params
 from scalelab.calc.plan import WHY, StepEstimate
-from scalelab.calc.units import fmt_bytes, fmt_pct, fmt_s
+from scalelab.core.numfmt import nbytes, pct, seconds
+from scalelab.core.tables import table
 
 
 @dataclass(frozen=True)
@@ -22,9 +23,7 @@ class Table:
 
 
 def render_markdown(t: Table) -> str:
-    lines = [f"**{t.title}**", "", "| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers)]
-    lines += ["| " + " | ".join(r) + " |" for r in t.rows]
-    return "\n".join(lines)
+    return "\n".join([f"**{t.title}**", "", *table(t.headers, t.rows)])
 
 
 def render_text(t: Table) -> str:
@@ -61,14 +60,14 @@ def _setup_rows(e: StepEstimate) -> tuple[tuple[str, str], ...]:
             ("batch", f"micro-batch {s.batch.micro_batch} x seq {s.batch.seq}, global {s.batch.global_batch} seqs = "
              f"{e.tokens_per_step:,} tokens/step, m={e.micro_batches} micro-batches"
              + (" (forward only)" if s.forward_only else "")),
-            ("precision", f"{s.precision.name}; matmuls at {fmt_pct(e.compute_eff)} of "
+            ("precision", f"{s.precision.name}; matmuls at {pct(e.compute_eff)} of "
              f"{c.hardware.bf16_tflops:g} TFLOP/s bf16 peak"))
 
 
 def train_tables(e: StepEstimate) -> list[Table]:
     comm = tuple((t.term.dim, t.term.what, t.term.collective, str(t.term.group_size), t.term.scope,
-                  fmt_bytes(t.term.bytes_per_call), f"{t.term.calls_per_step:g}", fmt_bytes(t.term.bytes_per_gpu_step),
-                  fmt_bytes(t.bytes_per_token), fmt_s(t.term.time_s), fmt_s(t.exposed_s), t.term.window)
+                  nbytes(t.term.bytes_per_call), f"{t.term.calls_per_step:g}", nbytes(t.term.bytes_per_gpu_step),
+                  nbytes(t.bytes_per_token), seconds(t.term.time_s), seconds(t.exposed_s), t.term.window)
                  for t in e.terms)
     comm_table = Table("Communication per step (bytes sent per GPU; per token = whole cluster / tokens)",
                        ("dim", "what", "collective", "n", "link", "size/call", "calls/step", "bytes/GPU/step",
@@ -77,23 +76,23 @@ def train_tables(e: StepEstimate) -> list[Table]:
 
 
 def _step_table(e: StepEstimate) -> Table:
-    rows = [("compute", fmt_s(e.compute.total_s), fmt_pct(e.compute.total_s / e.step_s))]
-    rows += [(f"{d} exposed", fmt_s(x), fmt_pct(x / e.step_s)) for d, (_, x, _, _) in e.dim_totals().items()]
+    rows = [("compute", seconds(e.compute.total_s), pct(e.compute.total_s / e.step_s))]
+    rows += [(f"{d} exposed", seconds(x), pct(x / e.step_s)) for d, (_, x, _, _) in e.dim_totals().items()]
     if e.setup.layout.pp > 1:
-        rows.append((f"pipeline bubble ({fmt_pct(e.bubble_fraction)} of step)", fmt_s(e.bubble_s),
-                     fmt_pct(e.bubble_s / e.step_s)))
-    rows += [("step", fmt_s(e.step_s), "100%"), ("all comm before overlap", fmt_s(e.comm_s), ""),
-             ("tokens/s", f"{e.tokens_per_s:,.0f}", ""), ("MFU at stated efficiency", fmt_pct(e.mfu), ""),
-             ("MFU bound (matmuls at 100%)", fmt_pct(e.mfu_bound), "")]
+        rows.append((f"pipeline bubble ({pct(e.bubble_fraction)} of step)", seconds(e.bubble_s),
+                     pct(e.bubble_s / e.step_s)))
+    rows += [("step", seconds(e.step_s), "100%"), ("all comm before overlap", seconds(e.comm_s), ""),
+             ("tokens/s", f"{e.tokens_per_s:,.0f}", ""), ("MFU at stated efficiency", pct(e.mfu), ""),
+             ("MFU bound (matmuls at 100%)", pct(e.mfu_bound), "")]
     return Table("Step time per GPU", ("term", "time", "share"), tuple(rows))
 
 
 def _memory_table(e: StepEstimate) -> Table:
     m = e.memory
-    rows = (("weights", fmt_bytes(m.weights_bytes)), ("gradients", fmt_bytes(m.grads_bytes)),
-            ("optimizer", fmt_bytes(m.optimizer_bytes)), ("activations (peak, first stage)", fmt_bytes(m.activations_bytes)),
-            ("logits + gather buffers", fmt_bytes(m.other_bytes)),
-            ("total", f"{fmt_bytes(m.total_bytes)} of {fmt_bytes(m.capacity_bytes)}"
+    rows = (("weights", nbytes(m.weights_bytes)), ("gradients", nbytes(m.grads_bytes)),
+            ("optimizer", nbytes(m.optimizer_bytes)), ("activations (peak, first stage)", nbytes(m.activations_bytes)),
+            ("logits + gather buffers", nbytes(m.other_bytes)),
+            ("total", f"{nbytes(m.total_bytes)} of {nbytes(m.capacity_bytes)}"
                       f" ({'fits' if m.fits else 'DOES NOT FIT'})"))
     return Table("Memory per GPU", ("part", "bytes"), rows)
 
@@ -119,21 +118,21 @@ def disagg_setup_table(r: DisaggResult) -> Table:
     w, st = r.workload, r.stats
     rows = (("model / GPU", f"{r.model} on {r.gpu}, TP={r.tp} per instance"),
             ("prompt tokens", w.prompt.describe()), ("output tokens", w.output.describe()),
-            ("SLOs", f"TTFT p90 <= {fmt_s(w.ttft_slo_s)}, mean TPOT <= {fmt_s(w.tpot_slo_s)}"),
+            ("SLOs", f"TTFT p90 <= {seconds(w.ttft_slo_s)}, mean TPOT <= {seconds(w.tpot_slo_s)}"),
             ("model assumptions", r.assumptions),
             ("KV cache", f"{r.kv_bytes_per_token:,.0f} B/token; fits {st.max_batch:,.0f} running requests "
                          f"of mean context {st.context_mean:,.0f} per instance"),
-            ("KV transfer, mean prompt", f"{fmt_bytes(st.prompt_mean * r.kv_bytes_per_token)}: "
-             f"{fmt_s(r.kv_transfer_intra_s)} over NVLink, {fmt_s(r.kv_transfer_inter_s)} over NICs "
-             f"({fmt_pct(r.kv_transfer_inter_s / w.ttft_slo_s)} of the TTFT SLO)"),
-            ("prefill service time", f"mean {fmt_s(st.prefill_mean_s)}, p90 {fmt_s(st.prefill_p90_s)}"))
+            ("KV transfer, mean prompt", f"{nbytes(st.prompt_mean * r.kv_bytes_per_token)}: "
+             f"{seconds(r.kv_transfer_intra_s)} over NVLink, {seconds(r.kv_transfer_inter_s)} over NICs "
+             f"({pct(r.kv_transfer_inter_s / w.ttft_slo_s)} of the TTFT SLO)"),
+            ("prefill service time", f"mean {seconds(st.prefill_mean_s)}, p90 {seconds(st.prefill_p90_s)}"))
     return Table("Setup", ("item", "value"), rows)
 
 
 def capacity_table(r: DisaggResult) -> Table:
     c = r.capacities
-    rows = tuple((role, _rps(rate), _rps(rate / r.tp), fmt_s(s.ttft_p90_s) if s.ttft_p90_s else "-",
-                  fmt_s(s.tpot_s) if s.tpot_s else "-", f"{s.batch:.0f}" if s.batch else "-")
+    rows = tuple((role, _rps(rate), _rps(rate / r.tp), seconds(s.ttft_p90_s) if s.ttft_p90_s else "-",
+                  seconds(s.tpot_s) if s.tpot_s else "-", f"{s.batch:.0f}" if s.batch else "-")
                  for role, rate, s in (("colocated", c.colocated_rps, c.colocated), ("prefill only", c.prefill_rps, c.prefill),
                                        ("decode only", c.decode_rps, c.decode)))
     return Table("Goodput of one instance (requests/s with SLOs met)",
@@ -167,7 +166,7 @@ def disagg_tables(r: DisaggResult) -> list[Table]:
         tables.append(scan_table("Crossover in prompt length (prompt distribution rescaled, all else fixed)",
                                  "mean prompt", r.prompt_scan, lambda k: f"{k:,.0f}"))
     if r.tpot_scan:
-        tables.append(scan_table("Crossover in TPOT SLO", "TPOT SLO", r.tpot_scan, fmt_s))
+        tables.append(scan_table("Crossover in TPOT SLO", "TPOT SLO", r.tpot_scan, seconds))
     return tables
 
 
@@ -186,10 +185,10 @@ def disagg_sentences(r: DisaggResult) -> list[str]:
            f"{_rps(r.colocated_per_gpu)} colocated ({adv:.2f}x)."]
     c, st = r.capacities, r.stats
     rho_c, rho_p = c.colocated_rps * st.prefill_mean_s, c.prefill_rps * st.prefill_mean_s
-    out.append(f"Why: at capacity a colocated instance spends {fmt_pct(rho_c)} of its time in prefill, so its decode "
-               f"steps get {fmt_s((1 - rho_c) * r.workload.tpot_slo_s)} to keep the TPOT SLO and its batch stops at "
+    out.append(f"Why: at capacity a colocated instance spends {pct(rho_c)} of its time in prefill, so its decode "
+               f"steps get {seconds((1 - rho_c) * r.workload.tpot_slo_s)} to keep the TPOT SLO and its batch stops at "
                f"{c.colocated.batch:.0f}, against {c.decode.batch:.0f} on a dedicated decode instance; a dedicated "
-               f"prefill instance can be kept {fmt_pct(rho_p)} busy before the TTFT p90 reaches its SLO, and "
+               f"prefill instance can be kept {pct(rho_p)} busy before the TTFT p90 reaches its SLO, and "
                f"colocation fills the idle rest with decoding.")
     a = r.at_rate
     out.append(f"At {a.rate_rps:g} req/s: colocated needs {a.colocated_gpus} GPUs ({a.colocated_instances} x TP{r.tp}), "
@@ -198,5 +197,5 @@ def disagg_sentences(r: DisaggResult) -> list[str]:
         out.append("Prompt-length crossovers: " + "; ".join(
             _boundary_text(b, lambda k: f"{k:,.0f} tokens") for b in r.prompt_boundaries) + ".")
     if r.tpot_boundaries:
-        out.append("TPOT-SLO crossovers: " + "; ".join(_boundary_text(b, fmt_s) for b in r.tpot_boundaries) + ".")
+        out.append("TPOT-SLO crossovers: " + "; ".join(_boundary_text(b, seconds) for b in r.tpot_boundaries) + ".")
     return out

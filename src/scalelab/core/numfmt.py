@@ -44,3 +44,26 @@ def ms(seconds: float | None, digits: int = 1, none: str = DASH) -> str:
 def num(value: float | None, spec: str = "{:.4g}", none: str = DASH) -> str:
     """A value through a format spec; None (nothing measured) prints as `none`."""
     return none if value is None else spec.format(value)
+
+
+def finite(value: float, spec: str = "{:.4g}", none: str = "N/A") -> str:
+    """A figure through a format spec; NaN or inf (a figure not measured, a row that did not fit) prints as `none`."""
+    return spec.format(value) if math.isfinite(value) else none
+
+
+def nbytes(n: float) -> str:
+    """Bytes in decimal units (1 GB = 1e9 B, as nccl-tests), three significant figures, nothing below a byte:
+    26.2e6 -> '26.2 MB', 0.5 -> '0.5 B'."""
+    return si(n, "B") if abs(n) >= 1 or n == 0 else f"{n:.3g} B"
+
+
+def seconds(t: float) -> str:
+    """A duration in µs, ms or s, whichever keeps three significant figures without an exponent: 2.13e-3 ->
+    '2.13 ms', 0 -> '0'."""
+    if t == 0:
+        return "0"
+    for unit, scale in (("µs", 1e-6), ("ms", 1e-3)):
+        text = f"{t / scale:.3g}"
+        if abs(t) < 1e3 * scale and "e" not in text:     # 999.96 ms rounds to "1e+03": say 1 s
+            return f"{text} {unit}"
+    return f"{t:.3g} s"

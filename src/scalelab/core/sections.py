@@ -88,3 +88,25 @@ def read_manifest(path: str | Path, root: str | Path | None = None, job: str | N
     if not isinstance(data.get("out"), str):
         raise ManifestError(f"{p}: missing `out` (the Markdown file to write, relative to the repository root)")
     return Manifest(p, base, base / data["out"], data)
+
+
+PROSE_MARK = "<!-- prose: "     # a prose file's section starts on a line "<!-- prose: NAME -->"
+
+
+def read_prose(path: str | Path) -> dict[str, str]:
+    """The written sections of a prose file (Markdown kept in docs/ beside a manifest, for the text a generator
+    cannot compute): name -> its text, blank lines around it dropped. Text before the first marker is a comment."""
+    p = Path(path)
+    if not p.is_file():
+        raise ManifestError(f"prose file {p} does not exist")
+    out: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in p.read_text().splitlines():
+        if line.startswith(PROSE_MARK) and line.rstrip().endswith("-->"):
+            name = line[len(PROSE_MARK):].rstrip().removesuffix("-->").strip()
+            if name in out:
+                raise ManifestError(f"{p}: prose section {name!r} appears twice")
+            current = out[name] = []
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines).strip("\n") for name, lines in out.items()}

@@ -26,9 +26,10 @@ import numpy as np
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import load_grpo_config
 from scalelab.grpo.plots import figure, finish, length_histograms, save
-from scalelab.grpo.report import (CORRECTNESS_KEY, HackFlag, MonitorThresholds, component_series, last_per_step,
-                                  monitor_flags, quarter_lengths, quarter_means)
+from scalelab.grpo.report import (CORRECTNESS_KEY, HackFlag, MonitorThresholds, component_series, monitor_flags,
+                                  quarter_lengths, quarter_means)
 from scalelab.grpo.stalestudy import heldout_headline
+from scalelab.grpo.steps import read_steps
 from scalelab.grpo.study import Trainer, Variant, run_variants, study_dir, write_study_json
 
 
@@ -92,10 +93,10 @@ def verdict(exploit: Arm, defended: Arm, tolerance_pts: float = 2.0) -> Verdict:
 def collect_arm(run_dir: Path, th: MonitorThresholds) -> tuple[Arm, dict]:
     """(the arm's summary, the lengths of its first and last quarter for the histograms)."""
     rd = RunDir(run_dir)
-    steps = last_per_step(list(rd.events("grpo_step")))
+    steps = read_steps(rd.path)
     correct = component_series(steps, CORRECTNESS_KEY) or [0.0]
     c0, c1 = quarter_means(correct)
-    l0, l1 = quarter_means([float(s["len_mean"]) for s in steps])
+    l0, l1 = quarter_means([float(s.len_mean) for s in steps])
     first, last = quarter_lengths(steps)
     arm = Arm(rd.path.name, monitor_flags(steps, th), c0, c1, l0, l1,
               heldout_headline(rd.read_optional("eval/summary.json")))

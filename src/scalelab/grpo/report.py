@@ -9,14 +9,13 @@
 The reward-hacking monitor (`length_hacking_flag`, `format_only_flag`) and the GPU dead-zone finder
 (`dead_zones`) are pure functions of plain numbers so their rules can be checked with hand-made trajectories.
 
-metrics.jsonl is append-only, so a step re-run after a crash appears twice; the later record wins, as in
-train.summarize.
+The steps are read as typed StepRecords (steps.py), the later record of a re-run step winning.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -25,13 +24,17 @@ from scalelab.core.numfmt import num
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import GrpoConfig, load_grpo_config
 from scalelab.grpo.plots import PHASE_COLORS, figure, finish, length_histograms, save
+from scalelab.grpo.steps import steps_from_events
+from scalelab.grpo.types import StepRecord
 
-# The five phases of every step, plus the pi_old pass that only some configs run.
-BREAKDOWN_PHASES = ("rollout", "reward", "reference", "old_logprob", "update", "weight_sync")
+# The five phases of every step, plus the pi_old pass that only some configs run: each phase's ms of a step.
+PHASE_MS: dict[str, Callable[[StepRecord], float]] = {
+    "rollout": lambda s: s.rollout_ms, "reward": lambda s: s.reward_ms, "reference": lambda s: s.reference_ms,
+    "old_logprob": lambda s: s.old_logprob_ms, "update": lambda s: s.update_ms,
+    "weight_sync": lambda s: s.weight_sync_ms}
 ALWAYS_SHOWN = ("rollout", "reward", "reference", "update", "weight_sync")
 CORRECTNESS_KEY = "reward/correctness"
 FORMAT_KEY = "reward/format"
-LENGTH_QUANTILES = ((0.0, "len_min"), (0.1, "len_p10"), (0.5, "len_p50"), (0.9, "len_p90"), (1.0, "len_max"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,7 +117,7 @@ class ReportData:
     run_name: str
     max_steps: int
     kl_coef: float
-    steps: tuple[dict, ...]  # grpo_step records, last per step
+    steps: tuple[StepRecord, ...]  # last per step
     reward_components: tuple[str, ...]  # metrics keys, e.g. "reward/correctness"
     shares: tuple[PhaseShare, ...]
     comparisons: tuple[Comparison, ...]
@@ -126,7 +129,6 @@ class ReportData:
     wall_s: float | None  # results.json, when present
     has_predictions: bool = True
     heldout: dict | None = None  # eval/summary.json
-    lengths_logged: bool = True  # every completion's length is in the records (else quantiles only)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,16 +140,11 @@ def _float(v: object) -> float:
     return float(v)  # type: ignore[arg-type]
 
 
-def last_per_step(records: Sequence[dict]) -> list[dict]:
-    by_step = {int(r["step"]): r for r in records}
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def phase_shares(steps: Sequence[dict]) -> tuple[PhaseShare, ...]:
+def phase_shares(steps: Sequence[StepRecord]) -> tuple[PhaseShare, ...]:
     """Mean ms and mean per-step share of each phase; 'other' is the glue between phases so shares sum to 1."""
     out = []
-    step_ms = np.array([_float(s["step_ms"]) for s in steps])
-    phase_ms = {p: np.array([_float(s.get(f"{p}_ms", 0.0)) for s in steps]) for p in BREAKDOWN_PHASES}
+    step_ms = np.array([_float(s.step_ms) for s in steps])
+    phase_ms = {p: np.array([_float(get(s)) for s in steps]) for p, get in PHASE_MS.items()}
     phase_ms["other"] = step_ms - sum(phase_ms.values())
     for p, ms in phase_ms.items():
         if p in ALWAYS_SHOWN or p == "other" or ms.any():
@@ -221,22 +218,12 @@ def phase_spans(t_s: Sequence[float], phases: Sequence[str]) -> list[tuple[float
     return spans
 
 
-def length_sample(step: dict, n: int = 200) -> np.ndarray:
-    """Lengths drawn evenly from the quantile function through the logged min/p10/p50/p90/max (linear between),
-    for runs logged before each completion's length was kept."""
-    qs = [q for q, _ in LENGTH_QUANTILES]
-    values = [_float(step[k]) for _, k in LENGTH_QUANTILES]
-    return np.interp((np.arange(n) + 0.5) / n, qs, values)
+def step_lengths(step: StepRecord) -> np.ndarray:
+    """Every completion's length (tokens) of a step."""
+    return np.asarray(step.completion_lengths, dtype=float)
 
 
-def step_lengths(step: dict) -> np.ndarray:
-    """Every completion's length (tokens) of a step; the quantile sample when only quantiles were logged."""
-    if "completion_lengths" in step:
-        return np.asarray(step["completion_lengths"], dtype=float)
-    return length_sample(step)
-
-
-def quarter_lengths(steps: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
+def quarter_lengths(steps: Sequence[StepRecord]) -> tuple[np.ndarray, np.ndarray]:
     """(lengths of the first quarter's steps, of the last quarter's), as quarter_means splits them."""
     q = max(1, len(steps) // 4)
     return (np.concatenate([step_lengths(s) for s in steps[:q]]),
@@ -253,15 +240,16 @@ def _require(path: Path, why: str) -> Path:
     return path
 
 
-def comparisons(pred: dict | None, steps: Sequence[dict]) -> tuple[Comparison, ...]:
-    """Measured medians over steps (as results.json) beside predictions.json's step prior."""
+def comparisons(pred: dict | None, steps: Sequence[StepRecord]) -> tuple[Comparison, ...]:
+    """Measured medians over steps (as results.json) beside predictions.json's step prior; the prior's keys are
+    StepRecord's field names."""
     prior = (pred or {}).get("step", {})
     rows = [("rollout tokens/s", "tokens/s", "rollout_tokens_per_s"), ("rollout", "ms", "rollout_ms"),
             ("reference", "ms", "reference_ms"), ("update", "ms", "update_ms"),
             ("weight sync", "ms", "weight_sync_ms"), ("step time", "ms", "step_ms")]
     out = []
     for name, unit, key in rows:
-        measured = [_float(s[key]) for s in steps if key in s]
+        measured = [_float(getattr(s, key)) for s in steps]
         out.append(Comparison(name, unit, _float(prior[key]) if key in prior else None,
                               float(np.median(measured)) if measured else None))
     return tuple(out)
@@ -295,13 +283,21 @@ def find_dead_zones(trace: GpuTrace | None, rule: DeadZoneRule) -> tuple[DeadZon
     return tuple(out)
 
 
-def component_series(steps: Sequence[dict], key: str) -> list[float] | None:
-    return [_float(s[key]) for s in steps] if all(key in s for s in steps) and steps else None
+def component_series(steps: Sequence[StepRecord], key: str) -> list[float] | None:
+    """A reward's mean per step: key 'reward/<name>' a component (None when a step lacks it), 'reward_mean' the
+    weighted total; None for no steps."""
+    if not steps:
+        return None
+    if key == "reward_mean":
+        return [_float(s.reward_mean) for s in steps]
+    name = key.removeprefix("reward/")
+    return [_float(s.reward_components[name]) for s in steps] if all(name in s.reward_components for s in steps) \
+        else None
 
 
-def monitor_flags(steps: Sequence[dict], th: MonitorThresholds) -> tuple[HackFlag, ...]:
+def monitor_flags(steps: Sequence[StepRecord], th: MonitorThresholds) -> tuple[HackFlag, ...]:
     correct = component_series(steps, CORRECTNESS_KEY)
-    lengths = [_float(s["len_mean"]) for s in steps]
+    lengths = [_float(s.len_mean) for s in steps]
     return (length_hacking_flag(lengths, correct, th),
             format_only_flag(component_series(steps, FORMAT_KEY), correct, th))
 
@@ -313,7 +309,7 @@ def summarize(run_dir: str | Path, rule: DeadZoneRule = DeadZoneRule(),
     cfg: GrpoConfig = load_grpo_config(_require(rd.config_path, "the resolved config"))
     _require(rd.metrics_path, "the per-step events train.py writes")
     events = list(rd.events())
-    steps = tuple(last_per_step([e for e in events if e.get("event") == "grpo_step"]))
+    steps = tuple(steps_from_events(events, str(rd.metrics_path)))
     if not steps:
         raise ValueError(f"{rd.metrics_path}: no grpo_step events; nothing to report")
     pred = rd.read_optional("predictions.json")
@@ -327,8 +323,7 @@ def summarize(run_dir: str | Path, rule: DeadZoneRule = DeadZoneRule(),
         gpu=trace, gpu_reason=str(monitor[-1].get("reason", "")) if monitor else "no gpu_monitor event",
         dead_zones=find_dead_zones(trace, rule), dead_rule=rule,
         wall_s=_float(results["wall_s_this_launch"]) if "wall_s_this_launch" in results else None,
-        has_predictions=pred is not None, heldout=rd.read_optional("eval/summary.json"),
-        lengths_logged=all("completion_lengths" in s for s in steps))
+        has_predictions=pred is not None, heldout=rd.read_optional("eval/summary.json"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,7 +331,7 @@ def summarize(run_dir: str | Path, rule: DeadZoneRule = DeadZoneRule(),
 
 
 def _x(d: ReportData) -> list[int]:
-    return [int(s["step"]) for s in d.steps]
+    return [s.step for s in d.steps]
 
 
 def plot_step_time(d: ReportData, path: Path) -> Path:
@@ -344,9 +339,9 @@ def plot_step_time(d: ReportData, path: Path) -> Path:
     bottom = np.zeros(len(d.steps))
     for share in d.shares:
         if share.phase == "other":
-            ms = np.array([_float(s["step_ms"]) for s in d.steps]) - bottom
+            ms = np.array([_float(s.step_ms) for s in d.steps]) - bottom
         else:
-            ms = np.array([_float(s.get(f"{share.phase}_ms", 0.0)) for s in d.steps])
+            ms = np.array([_float(PHASE_MS[share.phase](s)) for s in d.steps])
         ax.bar(_x(d), ms, bottom=bottom, color=PHASE_COLORS[share.phase],
                label=f"{share.phase} ({share.mean_share:.0%})")
         bottom += ms
@@ -360,14 +355,14 @@ def plot_rewards(d: ReportData, path: Path) -> Path:
         series = component_series(d.steps, key)
         if series is not None:
             ax.plot(_x(d), series, lw=1, label=key.split("/", 1)[1])
-    ax.plot(_x(d), [_float(s["reward_mean"]) for s in d.steps], "k-", lw=2, label="total (weighted)")
+    ax.plot(_x(d), _series(d, lambda s: s.reward_mean), "k-", lw=2, label="total (weighted)")
     finish(ax, "step", "mean reward per completion", f"{d.run_name}: rewards")
     return save(fig, path)
 
 
 def plot_kl(d: ReportData, path: Path) -> Path:
     fig, (ax,) = figure()
-    ax.plot(_x(d), [_float(s.get("kl_mean", 0.0)) for s in d.steps], "o-", ms=3, label="k3 KL to reference")
+    ax.plot(_x(d), _series(d, lambda s: s.kl_mean), "o-", ms=3, label="k3 KL to reference")
     finish(ax, "step", "mean KL per token (nats)", f"{d.run_name}: KL to reference (kl_coef={d.kl_coef:g})")
     return save(fig, path)
 
@@ -377,10 +372,9 @@ def plot_lengths(d: ReportData, path: Path) -> Path:
     q = max(1, len(d.steps) // 4)
     first, last = quarter_lengths(d.steps)
     length_histograms(hist, first, last, (f"first {q} step(s)", f"last {q} step(s)"))
-    finish(hist, "completion length (tokens)", "density", "length distribution"
-           + ("" if d.lengths_logged else " (from logged min/p10/p50/p90/max per step)"))
-    mean.plot(_x(d), [_float(s["len_mean"]) for s in d.steps], "o-", ms=3, label="mean")
-    mean.fill_between(_x(d), [_float(s["len_p10"]) for s in d.steps], [_float(s["len_p90"]) for s in d.steps],
+    finish(hist, "completion length (tokens)", "density", "length distribution")
+    mean.plot(_x(d), _series(d, lambda s: s.len_mean), "o-", ms=3, label="mean")
+    mean.fill_between(_x(d), _series(d, lambda s: s.len_p10), _series(d, lambda s: s.len_p90),
                       alpha=0.2, label="p10-p90")
     finish(mean, "step", "tokens", "completion length over steps")
     return save(fig, path)
@@ -423,13 +417,13 @@ def _num(value: float | None, unit: str = "") -> str:
     return num(value, _FORMATS.get(unit, "{:.4g}"))
 
 
-def _series(d: ReportData, key: str) -> list[float]:
-    return [_float(s.get(key, 0.0)) for s in d.steps]
+def _series(d: ReportData, get: Callable[[StepRecord], float]) -> list[float]:
+    return [_float(get(s)) for s in d.steps]
 
 
 def _headline_md(d: ReportData) -> list[str]:
     cmp = {c.name: c for c in d.comparisons}
-    r0, r1 = quarter_means(_series(d, "reward_mean"))
+    r0, r1 = quarter_means(_series(d, lambda s: s.reward_mean))
     top = max(d.shares, key=lambda s: s.mean_share)
     flagged = [f.name for f in d.flags if f.triggered]
     wall = f", {d.wall_s:,.1f} s wall-clock (last launch)" if d.wall_s is not None else ""
@@ -461,7 +455,7 @@ def _rewards_md(d: ReportData) -> list[str]:
 
 
 def _kl_md(d: ReportData) -> list[str]:
-    kl = _series(d, "kl_mean")
+    kl = _series(d, lambda s: s.kl_mean)
     if d.kl_coef == 0:
         text = "loss.kl_coef = 0: no reference pass, so the logged KL is 0 by construction."
     else:
@@ -471,10 +465,9 @@ def _kl_md(d: ReportData) -> list[str]:
 
 
 def _lengths_md(d: ReportData) -> list[str]:
-    a, b = quarter_means(_series(d, "len_mean"))
+    a, b = quarter_means(_series(d, lambda s: s.len_mean))
     first, last = quarter_lengths(d.steps)
-    source = ("every completion's length as logged" if d.lengths_logged else "lengths drawn from each step's logged "
-              "min/p10/p50/p90/max (linear between them); this run predates per-completion lengths")
+    source = "every completion's length as logged"
     return ["## Completion length", "",
             f"Mean completion length {a:.1f} tokens (first quarter) -> {b:.1f} (last quarter); median "
             f"{np.median(first):.0f} -> {np.median(last):.0f}, p90 {np.percentile(first, 90):.0f} -> "
@@ -504,10 +497,11 @@ def _heldout_md(d: ReportData) -> list[str]:
 
 
 def _curriculum_md(d: ReportData) -> list[str]:
-    if not all("curriculum_stage" in s for s in d.steps):
+    stages = [c for s in d.steps if (c := s.curriculum) is not None]
+    if len(stages) < len(d.steps):      # logged only with data.curriculum.enabled
         return []
-    promoted = [int(s["step"]) for s in d.steps if s.get("curriculum_promoted")]
-    final = int(d.steps[-1]["curriculum_next_stage"])
+    promoted = [s.step for s, c in zip(d.steps, stages) if c.promoted]
+    final = stages[-1].next_stage
     return ["## Curriculum", "",
             f"Stage of each batch is logged per step (`curriculum_stage`); promotions after steps "
             f"{', '.join(map(str, promoted)) or '(none)'}; the run ended at stage {final}.", ""]

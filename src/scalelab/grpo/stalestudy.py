@@ -17,10 +17,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from scalelab.core.numfmt import num
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import load_grpo_config
 from scalelab.grpo.plots import figure, finish, save
-from scalelab.grpo.report import last_per_step, quarter_means
+from scalelab.grpo.report import quarter_means
+from scalelab.grpo.steps import read_steps
 from scalelab.grpo.study import Trainer, Variant, run_variants, study_dir, write_study_json
 
 SERIES = (("reward_mean", "mean reward"), ("loss", "loss"), ("kl_mean", "KL to reference (k3, nats/token)"),
@@ -51,22 +53,18 @@ def collect(run_dir: Path) -> dict:
     """One variant's curves and final numbers, from its run folder alone."""
     rd = RunDir(run_dir)
     cfg = load_grpo_config(rd.config_path)
-    steps = last_per_step(list(rd.events("grpo_step")))
+    steps = read_steps(rd.path)
     results = rd.read_optional("results.json") or {}
-    series = {k: [float(s.get(k, 0.0)) for s in steps] for k, _ in SERIES}
+    series = {k: [float(getattr(s, k)) for s in steps] for k, _ in SERIES}
     q = lambda k: quarter_means(series[k])[1]  # noqa: E731
     return {"name": rd.path.name, "k": cfg.rollout.staleness, "is_correction": cfg.loss.is_correction,
-            "run_dir": str(rd.path), "steps": [int(s["step"]) for s in steps], "series": series,
+            "run_dir": str(rd.path), "steps": [s.step for s in steps], "series": series,
             "final": {"reward_first_quarter": quarter_means(series["reward_mean"])[0],
                       "reward_last_quarter": q("reward_mean"), "kl_last_quarter": q("kl_mean"),
                       "mismatch_last_quarter": q("behavior_mismatch_k3"),
                       "median_step_ms": results.get("median_step_ms"),
                       "median_overlapped_step_ms": results.get("median_overlapped_step_ms"),
                       "heldout": heldout_headline(rd.read_optional("eval/summary.json"))}}
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "—" if x is None else format(x, spec)
 
 
 def render_markdown(rows: Sequence[dict], name: str) -> str:
@@ -78,7 +76,7 @@ def render_markdown(rows: Sequence[dict], name: str) -> str:
         table.append(f"| {r['name']} | {r['k']} | {'yes' if r['is_correction'] else 'no'} | {len(r['steps'])} | "
                      f"{f['reward_first_quarter']:.3f} -> {f['reward_last_quarter']:.3f} | "
                      f"{f['mismatch_last_quarter']:.2e} | {f['kl_last_quarter']:.2e} | "
-                     f"{_fmt(f['median_step_ms'], ',.0f')} | {_fmt(f['median_overlapped_step_ms'], ',.0f')} | "
+                     f"{num(f['median_step_ms'], '{:,.0f}')} | {num(f['median_overlapped_step_ms'], '{:,.0f}')} | "
                      f"{held} |")
     metric = next((r["final"]["heldout"]["metric"] for r in rows if r["final"]["heldout"]), "held-out pass@1")
     return "\n".join([

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from scalelab.core.numfmt import finite
 from scalelab.serve.metrics import compare_to_api
 from scalelab.serve.model import SCORED_FIGURES
 from scalelab.serve.rows import Row, RowKey
@@ -110,7 +111,8 @@ def figure_score(cs: Sequence[Comparison], figure: str) -> str:
 
 
 def fmt(figure: str, value: float) -> str:
-    return "N/A" if not math.isfinite(value) else COLUMNS[figure][1].format(value)
+    """A figure in its column's format (COLUMNS)."""
+    return finite(value, COLUMNS[figure][1])
 
 
 def render_table(rows: Sequence[Row]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from scalelab.core.jsonio import iter_jsonl, read_json, write_json
+from scalelab.core.numfmt import finite
 from scalelab.core.provenance import folder_provenance
 from scalelab.serve.rows import Row, RowFigures, RowKey, row_from_dict
 
@@ -84,26 +85,23 @@ def usd_per_1m(row: Row, usd_per_gpu_hour: float) -> float:
 # Markdown
 
 
-def _num(x: float, digits: int) -> str:
-    return "N/A" if not math.isfinite(x) else f"{x:,.{digits}f}"
-
-
 def _cells(row: Row) -> list[str]:
     if row.status in ("wont_fit", "failed"):
         return ["N/A" if row.status == "wont_fit" else "failed"] * (len(COLUMNS) - 1)
     f = row.figures
     std = row.spread.get("throughput_tok_s", {}).get("std", math.nan)
-    tput = _num(f.throughput_tok_s, 1) + (f" ± {std:,.1f}" if math.isfinite(std) else "")
-    goodput = "N/A" if not math.isfinite(f.goodput_share) else f"{100 * f.goodput_share:.0f}%"
+    tput = finite(f.throughput_tok_s, "{:,.1f}") + (f" ± {std:,.1f}" if math.isfinite(std) else "")
+    goodput = finite(100 * f.goodput_share, "{:.0f}%")
     if math.isfinite(f.goodput_rps):
         goodput += f" ({f.goodput_rps:.2f} req/s)"
-    return [tput, _num(f.ttft_p50_ms, 1), _num(f.ttft_p99_ms, 1), _num(f.itl_p50_ms, 2), _num(f.itl_p99_ms, 2),
+    return [tput, *(finite(x, "{:,.1f}") for x in (f.ttft_p50_ms, f.ttft_p99_ms)),
+            *(finite(x, "{:,.2f}") for x in (f.itl_p50_ms, f.itl_p99_ms)),
             goodput, _gpu_hours(f.gpu_hours_per_1m)]
 
 
 def _gpu_hours(x: float) -> str:
     # spans 1e-2 (a big batch on a fast GPU) to 1e3 (batch 1 on a CPU): three significant digits
-    return "N/A" if not math.isfinite(x) else f"{x:.3g}"
+    return finite(x, "{:.3g}")
 
 
 def header_line() -> str:
