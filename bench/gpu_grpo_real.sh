@@ -15,7 +15,8 @@
 #        the copied tree has no .git)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-       VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 TOKENIZERS_PARALLELISM=false
+       VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 TOKENIZERS_PARALLELISM=false \
+       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export SCALELAB_CACHE=/tmp/scalelab-cache SCALELAB_SHARED_DATA=/tmp/data
 export PYTHONPATH=$PWD/src:/tmp/site:/tmp/vllm-site/site
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/grpo-runs}; WORK_S=${WORK_S:-1140}; SEED=${SEED:-0}
@@ -58,7 +59,8 @@ recipe_run() {  # $1 = learning rate: train until 330 s before the end, then sco
   sl grpo eval "$RUNS/$name" >> "$LOGS/$name.log" 2>&1  # a run stopped by its budget is scored at that step
   sl grpo export "$RUNS/$name" "/tmp/exports/$name" >> "$LOGS/$name.log" 2>&1 || return 1
   timeout -s INT "$(left)" python3 -m scalelab.cli evals battery --model "/tmp/exports/$name" \
-    --out "$RUNS/$name/battery" --data-dir /tmp/data --tasks gsm8k,math500 >> "$LOGS/$name.log" 2>&1
+    --out "$RUNS/$name/battery" --data-dir /tmp/data --tasks gsm8k,math500 --reference-model "$NAME" \
+    --engine-flag gpu-memory-utilization=0.1 >> "$LOGS/$name.log" 2>&1
 }
 
 recipe() {  # one run per learning rate, side by side on the GPU (vLLM engines start one at a time: a lock)
@@ -69,7 +71,7 @@ recipe() {  # one run per learning rate, side by side on the GPU (vLLM engines s
 
 collapse() {  # the shipped recipe on the real model (as a new user ran it), then the same with the format gated
   local common=(--config "$SHIPPED" --set model.name="\"$NAME\"" --set rollout.engine='"vllm_colocated"'
-                --set model.lora.enabled=false --set rollout.server.gpu_memory_utilization=0.15
+                --set model.lora.enabled=false --set rollout.server.gpu_memory_utilization=0.1
                 --set optim.micro_batch_size=8 --set train.max_steps=10 --set train.checkpoint_every=5
                 --set rollout.server.tensor_parallel=1 --set rollout.server.gpus="\"\"" --set train.seed=$SEED
                 --set run.out_dir="\"$RUNS\"")
@@ -80,7 +82,8 @@ collapse() {  # the shipped recipe on the real model (as a new user ran it), the
 
 battery() {  # the base model's battery (resumable per task): multiple choice through lm-eval, then generation
   timeout -s INT "$(left)" python3 -m scalelab.cli evals battery --model "$NAME" --out "$RUNS/battery-$NAME" \
-    --data-dir /tmp/data ${BATTERY_TASKS:+--tasks $BATTERY_TASKS} >> "$LOGS/battery.log" 2>&1
+    --data-dir /tmp/data ${BATTERY_TASKS:+--tasks $BATTERY_TASKS} --engine-flag gpu-memory-utilization=0.1 \
+    --lm-eval-batch-size 8 >> "$LOGS/battery.log" 2>&1
 }
 
 pack() {  # every run folder without weights or engine files; the adapter's sha256 stands for it

@@ -60,8 +60,11 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """H(softmax(logits / T)) per position, nats: (B, T, V) -> (B, T), fp32, no graph. The exact entropy over
     the vocabulary, not the sampled-token estimate -log p, which is noisy at one sample per position."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    out = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
+    for i in range(logits.shape[0]):  # one row at a time: fp32 copies of a whole (B, T, 151,936) batch are GBs
+        logp = torch.log_softmax(logits[i].float() / temperature, dim=-1)
+        out[i] = -(logp.exp() * logp).sum(-1)
+    return out
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
