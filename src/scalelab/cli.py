@@ -15,6 +15,8 @@ JOBS = {
     "dpo": ("scalelab.dpo.commands", "preference tuning: LoRA DPO / IPO / ORPO with TRL, margins, sweep, merge"),
     "serve": ("scalelab.serve.commands", "serving sweep: vLLM/SGLang per TP x batch -> the scaling table, report"),
     "grpo": ("scalelab.grpo.commands", "GRPO with measured rollout / reward / update / weight-sync phases"),
+    "evals": ("scalelab.evals.commands", "evaluation: the baseline battery of a model (vLLM generative tasks, lm-eval "
+                                         "multiple choice) -> battery.json, REPORT.md"),
     "models": ("scalelab.core.models_cli", "model registry: list, fetch, verify, path (cache: $SCALELAB_CACHE)"),
 }
 
