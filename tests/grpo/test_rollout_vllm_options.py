@@ -327,7 +327,7 @@ def test_vllm_engine_starts_take_turns(tmp_path):
     import threading
     import time as _time
 
-    from scalelab.grpo.engine_vllm_colocated import engine_start_lock
+    from scalelab.core.engines import engine_start_lock
     inside, overlaps = [], []
 
     def start():

