@@ -38,6 +38,8 @@ def load(*overrides: str):
     ("cost.hardware=h300", "cost.hardware"),
     ("model.dtype=int4", "model.dtype"),
     ("search.lo_rps=20", "search.lo_rps"),
+    ("sweep.arrival_cv=-1", "sweep.arrival_cv"),
+    ("cost.api_models=['']", "cost.api_models[0]"),
     ("sweep.bach=[1]", "sweep.bach"),
 ])
 def test_bad_values_name_the_field(override, field):
@@ -97,3 +99,30 @@ def test_full_scale_configs_have_the_published_rows():
         assert cfg.sweep.plans() == [RowPlan(1, (1,)), RowPlan(2, (1, 16)), RowPlan(4, (1, 16, 64)),
                                      RowPlan(8, (1,))]
         assert cfg.cost.hardware == ("h100-sxm" if name.endswith("h100") else "h200")
+
+
+def test_arrival_cv_sets_the_gamma_shape_and_excludes_burstiness():
+    from scalelab.serve.sweep import plan_points
+    assert load().sweep.gamma_shape == 1.0                                     # Poisson by default
+    assert load("sweep.burstiness=0.5").sweep.gamma_shape == 0.5
+    cfg = load("sweep.mode=rate", "sweep.rates=[2.0]", "sweep.arrival_cv=2.0")
+    assert cfg.sweep.gamma_shape == pytest.approx(0.25)                        # k = 1 / CV^2
+    (point,) = plan_points(cfg)
+    assert point.load == {"mode": "rate", "rate_rps": 2.0, "arrivals": "gamma", "gamma_shape": pytest.approx(0.25),
+                          "cv": pytest.approx(2.0)}
+    with pytest.raises(ConfigError, match="'sweep.arrival_cv'.*both set the gaps' gamma shape"):
+        load("sweep.arrival_cv=2.0", "sweep.burstiness=0.5")
+
+
+def test_eos_choice_reaches_the_client_and_api_models_default():
+    from scalelab.core.engines import RunningServer
+    from scalelab.serve.client import payload
+    from scalelab.serve.sweep import Setup, client_config
+    from scalelab.serve.workload import Request
+    for flag, sent in (("true", True), ("false", None)):
+        cfg = load(f"workload.ignore_eos={flag}")
+        setup = Setup(cfg, None, None, "/m", None, None)
+        client = client_config(setup, RunningServer(url="http://127.0.0.1:1"))
+        body = payload(client, Request(0, "hi", 1, 7))
+        assert body["max_tokens"] == 7 and body.get("ignore_eos") is sent      # the trace length either way
+    assert load().cost.api_models == ["gpt-4o-mini", "together_ai/Qwen/Qwen2.5-72B-Instruct-Turbo"]

@@ -109,3 +109,61 @@ def test_find_max_rate_edges():
     assert len(capped.probes) == 5 and capped.rate_rps <= 3.0
     with pytest.raises(ValueError, match="lo_rps < hi_rps"):
         find_max_rate(lambda r: 1.0, SLO(), 5.0, 5.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the rate search against a scripted server on a fake clock
+
+SERVICE_S, PREFILL_S, STEP_S, OUT = 0.1, 0.05, 0.01, 6   # a request: 0.05 s prefill + 5 decode steps of 10 ms
+CAPACITY_RPS = 1 / SERVICE_S                              # one request at a time: 10 req/s
+
+
+def fifo_run(rate: float, n: int = 4000, warmup: int = 200, seed: int = 5) -> list[RequestResult]:
+    """n requests at Poisson arrivals (serve.workload.arrival_times) into a server that runs one request at a
+    time, first come first served, each taking SERVICE_S: the time is computed, not waited for. With the seed
+    fixed the arrival times scale as 1/rate, so by Lindley's recursion (W' = max(0, W + S - gap / rate)) every
+    request's wait is non-decreasing in the rate and the goodput share falls monotonically: bisection applies."""
+    from scalelab.serve.workload import arrival_times
+    free_at, out = 0.0, []
+    for i, t in enumerate(arrival_times(n, rate, seed)):
+        start = max(t, free_at)
+        free_at = start + SERVICE_S
+        out.append(RequestResult(i, float(t), start - t + PREFILL_S, (STEP_S,) * (OUT - 1), start - t + SERVICE_S,
+                                 OUT, 10, True, warmup=i < warmup))
+    return out
+
+
+def ttft_share(rate: float, ttft_s: float) -> float:
+    """fifo_run's goodput share without building records: its gaps (STEP_S) always meet the ITL bound, so a
+    measured request is good iff its TTFT is within ttft_s."""
+    measured = [r for r in fifo_run(rate) if not r.warmup]
+    return sum(r.ttft_s <= ttft_s for r in measured) / len(measured)
+
+
+def reference_max_rate(share, target: float, lo: float, hi: float) -> float:
+    """The highest rate meeting the target, by plain (arithmetic) bisection to 1e-6: what the search must find."""
+    while hi - lo > 1e-6 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if share(mid) >= target else (lo, mid)
+    return lo
+
+
+def test_rate_search_finds_the_scripted_servers_slo_rate_and_records_every_probe():
+    slo = SLO(ttft_s=2.0, itl_s=0.1, attainment=0.9)
+    calls = []
+
+    def share_at(rate: float) -> float:
+        share = summarize(fifo_run(rate), slo).goodput_share     # warm-up excluded by summarize
+        calls.append((rate, share))
+        return share
+
+    out = find_max_rate(share_at, slo, lo_rps=1.0, hi_rps=64.0, rel_tol=0.02, max_probes=20)
+    assert out.probes == tuple(calls)                             # every probe, in order, with its share
+    truth = reference_max_rate(lambda r: ttft_share(r, slo.ttft_s), 0.9, 1.0, 64.0)
+    # bisection stops with the highest good probe within rel_tol below the true boundary
+    assert truth / 1.02 <= out.rate_rps <= truth and out.share_at_rate >= 0.9
+    assert all((s >= 0.9) == (r <= out.rate_rps) for r, s in out.probes)
+    # the known capacity bounds it: above 10 req/s the queue grows without end; at rho = 0.85 an M/D/1 queue's
+    # mean wait is rho S / (2 (1 - rho)) = 0.28 s (Pollaczek-Khinchine), far inside the 1.95 s TTFT budget left
+    # after the prefill, so the SLO holds there
+    assert 0.85 * CAPACITY_RPS <= truth < CAPACITY_RPS

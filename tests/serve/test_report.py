@@ -12,6 +12,7 @@ import pytest
 from scalelab.calc.presets import get_model
 from scalelab.core.jsonio import json_safe, write_json
 from scalelab.serve.metrics import SLO
+from scalelab.serve.prices import PriceError, parse_table
 from scalelab.serve.docs import render_docs
 from scalelab.serve.model import predict_row
 from scalelab.serve.report import write_report
@@ -29,8 +30,13 @@ itl_s = 0.1
 [cost]
 hardware = "h200"
 usd_per_gpu_hour = 2.0
+api_models = ["api-a", "api-b"]
 """
-PRICES = {"api-a": 2.0, "api-b": 0.5}
+# $1.00 in / $2.00 out and $0.10 in / $0.50 out per 1M tokens
+PRICES = parse_table(json.dumps({"api-a": {"input_cost_per_token": 1e-06, "output_cost_per_token": 2e-06,
+                                           "litellm_provider": "prov-a"},
+                                 "api-b": {"input_cost_per_token": 1e-07, "output_cost_per_token": 5e-07,
+                                           "litellm_provider": "prov-b"}}), "test table")
 
 
 def figures(thr: float, ttft50: float, ttft99: float, itl50: float, itl99: float, good: float, gpu_h: float
@@ -67,7 +73,7 @@ def hand_made(tmp_path: Path) -> Path:
 
 
 def test_report_ratios_roles_and_cost(hand_made: Path):
-    text = write_report(hand_made, api_prices=PRICES).read_text()
+    text = write_report(hand_made, PRICES).read_text()
     # throughput 100 vs 80 -> 1.25, outside +-20%; the interval 90-110 misses 80
     assert "| vllm TP=1 batch=1 | prior | Throughput (tok/s) | 100 | 90 – 110 (**no**) | 80 | 1.25 | **no** |" in text
     assert "| vllm TP=1 batch=1 | prior | p99 TTFT (ms) | 80.0 | — | 100.0 | 0.80 | yes |" in text   # 0.80: edge, in
@@ -77,9 +83,13 @@ def test_report_ratios_roles_and_cost(hand_made: Path):
     # 12 figures (2 rows x 6); misses: TP1b1 throughput, TP1b8 p99 ITL, TP1b8 goodput -> 9 within
     assert "prior rows: 9 of 12 figures within ±20% of measured" in text
     assert "vllm TP=2 batch=8" not in text.split("## Where scaling breaks")[0].split("### Predicted")[1]
-    # cost: 0.5 GPU-h x $2 = $1.00 -> 0.50x api-a ($2.00), 2.00x api-b ($0.50)
-    assert "| vllm TP=1 batch=8 | 0.5 | $1.00 | 0.50x | 2.00x |" in text
+    # cost: 0.5 GPU-h x $2 = $1.00; no token ratio recorded, so the APIs' output prices alone:
+    # 0.50x api-a ($2.00), 2.00x api-b ($0.50)
+    assert ("| Config | Load | GPU-hours per 1M | $ per 1M output tokens | vs api-a ($2.000) | vs api-b ($0.500) |"
+            in text)
+    assert "| vllm TP=1 batch=8 | closed c=8 | 0.5 | $1.00 | 0.50x | 2.00x |" in text
     assert "The cheapest measured row is vllm TP=1 batch=8: $1.00" in text
+    assert "API prices: the price table of test table;" in text and "the output price alone" in text
     assert "not fitted" in text                                       # no model record in these predictions
     assert "2 x NVIDIA H200" in text and "vllm 0.26.0" in text
     png = (hand_made / "figures" / "predicted_vs_measured.png").read_bytes()
@@ -106,7 +116,7 @@ def test_missing_file_is_named(hand_made: Path, missing: str):
 
 def test_docs_from_a_folder(hand_made: Path, tmp_path: Path):
     out = tmp_path / "docs" / "serve.md"
-    text = render_docs([hand_made], out, api_prices=PRICES).read_text()
+    text = render_docs([hand_made], out, PRICES).read_text()
     assert text.splitlines()[2].startswith(f"_Regenerate with `scalelab serve docs {hand_made} --out {out}`")
     assert "measured TP 1 x batch 1/8 (2 rows)" in text
     # per figure: throughput 100/80 misses, p99 ITL 30/24 misses, goodput 100%/80% misses: 9 of 12
@@ -178,8 +188,47 @@ def test_predictions_added_after_the_measurement_are_scored_apart(tmp_path: Path
     measured = [Row(RowKey("vllm", 1, 1), "ok", figures(80, 50, 100, 10, 12, 1.0, 2.5)),
                 Row(RowKey("vllm", 1, 8), "ok", figures(1000, 75, 150, 11, 24, 0.8, 0.5))]
     folder = write_folder(tmp_path / "run", measured, [predicted(1, 1, figures(100, 50, 80, 10, 12, 1.0, 2.0)), late])
-    text = write_report(folder, api_prices=PRICES).read_text()
+    text = write_report(folder, PRICES).read_text()
     assert "prior rows: 5 of 6 figures within ±20%" in text                      # batch 1: throughput 1.25 misses
     assert "prior (added after the measurement) rows: 4 of 6 figures within ±20%" in text   # p99 ITL, goodput
     assert "(commit abc123) after those rows had been measured" in text
     assert "| vllm TP=1 batch=8 | prior-late | Throughput (tok/s) | 1,000 |" in text
+
+
+def test_cost_at_the_measured_token_ratio_and_without_a_table(tmp_path: Path):
+    """Rows that counted 3 prompt tokens per output token: each API's figure is 3 x input + output."""
+    tokens = {"tokens": {"prompt": 3000, "output": 1000}, "achieved_rps": {"mean": 2.5}}
+    measured = [Row(RowKey("vllm", 1, 8), "ok", figures(1000, 75, 150, 11, 24, 0.8, 0.5), provenance=tokens)]
+    folder = write_folder(tmp_path / "run", measured, [])
+    text = write_report(folder, PRICES).read_text()
+    # api-a: blended (3 x 1 + 2) / 4 = $1.25, per 1M output tokens 3 x 1 + 2 = $5; api-b: 3 x 0.1 + 0.5 = $0.80,
+    # blended 0.8 / 4 = $0.20. The row's $1.00 is 0.20x api-a and 1.25x api-b.
+    assert ("| API model | Provider | Input $/1M | Output $/1M | Blended $/1M tokens at 3.00:1 | $ per 1M output "
+            "tokens of this workload |") in text
+    assert "| api-a | prov-a | $1.000 | $2.000 | $1.250 | $5.000 |" in text
+    assert "| api-b | prov-b | $0.100 | $0.500 | $0.200 | $0.800 |" in text
+    assert "| vllm TP=1 batch=8 | closed c=8 → 2.5 req/s | 0.5 | $1.00 | 0.20x | 1.25x |" in text
+    assert "at the workload's 3.00:1 input:output tokens, from the measured requests' prompt and output tokens" in text
+
+    def offline():
+        raise PriceError("price table: wheel litellm==1.110.2: pip download failed (no index)")
+    text = write_report(folder, offline).read_text()
+    assert ("No API prices are compared: no API prices were read (price table: wheel litellm==1.110.2: pip download "
+            "failed (no index)). No other prices are substituted.") in text
+    assert "| Config | Load | GPU-hours per 1M | $ per 1M output tokens |\n" in text     # no API column
+    assert "$1.00 per 1M output tokens at $2.00/GPU-hour; this holds only" in text
+
+
+def test_token_ratio_from_the_predictions_when_rows_did_not_count(tmp_path: Path):
+    from scalelab.serve.sweepdata import token_ratio
+    preds = []
+    for batch, n, prompt in ((1, 10, 300.0), (8, 30, 200.0)):
+        row = predicted(1, batch, figures(1, 1, 1, 1, 1, 1, 1))
+        preds.append(dataclasses.replace(row, provenance={**row.provenance, "workload": {
+            "requests": n, "prompt_mean": prompt, "output_mean": 100.0}}))
+    folder = write_folder(tmp_path / "run", [], preds)
+    # (10 x 300 + 30 x 200) / (10 x 100 + 30 x 100) = 9000 / 4000
+    ratio, source = token_ratio(load_sweep(folder))
+    assert ratio == pytest.approx(2.25) and "EOS ignored" in source
+    (folder / "config.toml").write_text(CONFIG + "[workload]\nignore_eos = false\n")
+    assert "upper bounds, EOS honoured" in token_ratio(load_sweep(folder))[1]

@@ -132,7 +132,7 @@ def test_wont_fit_row_is_written_without_a_launch_or_a_request(swept):
     launches = [e["tp"] for e in iter_jsonl(run / "metrics.jsonl") if e["event"] == "server_launch"]
     assert launches == [4]
     assert not list((run / "requests").glob("vllm-tp1-*"))
-    assert "| vllm TP=1 batch=1 | N/A |" in (run / "table.md").read_text()
+    assert "| vllm TP=1 batch=1 | closed c=1 | N/A |" in (run / "table.md").read_text()
 
 
 def test_predictions_come_first_for_the_measured_lengths(swept):
@@ -217,7 +217,7 @@ def test_all_requests_failing_makes_failed_rows_and_the_sweep_goes_on(tmp_path):
     rows = rows_by_key(run)
     assert [r.status for r in rows.values()] == ["wont_fit", "failed", "failed"]  # both batches were tried
     assert "closed mid-stream" in rows[RowKey("vllm", 4, 4)].note
-    assert "| vllm TP=4 batch=4 | failed |" in (run / "table.md").read_text()
+    assert "| vllm TP=4 batch=4 | closed c=4 | failed |" in (run / "table.md").read_text()
 
 
 # 500x the mock's own delays. Late in the full suite the test process, mock included, was seen to pause for ~0.85 s
@@ -233,10 +233,19 @@ def test_open_loop_rate_rows(mock, tmp_path):
     rows = read_rows(run / "rows.jsonl")
     rate_row = next(r for r in rows if r.status == "ok")
     assert rate_row.key == RowKey("vllm", 4, 0)
-    assert rate_row.provenance["load"] == {"mode": "rate", "rate_rps": 40.0}
+    assert rate_row.provenance["load"] == {"mode": "rate", "rate_rps": 40.0, "arrivals": "gamma", "gamma_shape": 1.0,
+                                           "cv": 1.0}
     assert rate_row.provenance["requests_per_repeat"] == 10  # max(min_requests 4, 40/s x 0.25 s)
     assert rate_row.figures.goodput_share == 1.0
-    assert "| vllm TP=4 rate=40 req/s |" in (run / "table.md").read_text()
+    # achieved: 10 completions from the first send to the last completion, one per repeat
+    got = rate_row.provenance["achieved_rps"]
+    files = [[result_from_dict(d) for d in iter_jsonl(run / "requests" / f"vllm-tp4-r40-r{i}.jsonl")] for i in range(3)]
+    spans = [max(r.send_time_s + r.e2e_s for r in rs) - min(r.send_time_s for r in rs) for rs in files]
+    assert got["n"] == 3 and got["mean"] == pytest.approx(sum(10 / s for s in spans) / 3)
+    assert rate_row.provenance["tokens"] == {"prompt": sum(r.prompt_tokens for rs in files for r in rs),
+                                             "output": 30 * OUT_TOKENS}
+    cell = f"| vllm TP=4 rate=40 req/s | Poisson λ=40 req/s → {got['mean']:.3g} req/s |"
+    assert cell in (run / "table.md").read_text()
 
 
 def test_rate_search_against_the_mock(mock, tmp_path):
@@ -248,6 +257,55 @@ def test_rate_search_against_the_mock(mock, tmp_path):
     strict = [*settings, "slo.itl_s=0.001", "run.name=strict"]  # 10 ms gaps can never meet 1 ms
     result = run_search(load_serve_config(None, strict), echo=lambda _: None)
     assert (result.rate_rps, result.probes) == (0.0, ((5.0, 0.0),))
+
+
+def test_output_lengths_from_the_trace_with_eos_ignored_or_honoured(tmp_path):
+    """A mock whose 'model' ends every answer after 6 tokens unless told to ignore EOS; the trace asks for 10."""
+    eos = ThreadedMock(MockConfig(ttft_s=0.0, itl_s=0.001, eos_after=6))
+    try:
+        runs = {}
+        for flag in ("true", "false"):
+            settings = [*mock_settings(eos.url, tmp_path, name=f"eos-{flag}"), "sweep.rows=[{tp=4, batch=[2]}]",
+                        f"workload.ignore_eos={flag}"]
+            runs[flag] = run_sweep(load_serve_config(None, settings), echo=lambda _: None)
+    finally:
+        eos.close()
+    for flag, generated in (("true", OUT_TOKENS), ("false", 6)):
+        run = runs[flag]
+        row = rows_by_key(run)[RowKey("vllm", 4, 2)]
+        lengths = row.provenance["output_lengths"]
+        assert lengths["ignore_eos"] is (flag == "true")
+        assert lengths["trace"]["mean"] == OUT_TOKENS and lengths["generated"]["mean"] == generated
+        assert lengths["generated"]["n"] == 12                           # 3 repeats x max(2 x 2 waves, 4)
+        assert lengths["stopped_early_share"] == (0.0 if flag == "true" else 1.0)
+        assert row.provenance["tokens"]["output"] == 12 * generated
+        for d in iter_jsonl(run / "requests" / "vllm-tp4-b2-r0.jsonl"):
+            assert result_from_dict(d).output_tokens == generated
+    assert "generated exactly" in read_json(runs["true"] / "predictions.json")["output_lengths"]
+    assert "may stop at EOS sooner" in read_json(runs["false"] / "predictions.json")["output_lengths"]
+
+
+def test_rate_search_against_a_mock_of_known_capacity(tmp_path):
+    """One stream at a time, 0.02 + 9 x 0.01 = 0.11 s each: capacity 9.1 req/s. With a 0.5 s TTFT budget, 2 req/s
+    meets the SLO (4 requests; a wait past 0.48 s needs 5 arrivals within it); at 2x capacity request i of a 1 s
+    window waits about i x (0.11 - 0.055) s, so half of its 19 requests miss, and a stalled test process only adds
+    delay: no rate above 2x capacity can pass. Every probe is a row in rows.jsonl and a line of search.json."""
+    slots = ThreadedMock(MockConfig(ttft_s=TTFT_S, itl_s=ITL_S, max_concurrent=1))
+    settings = [*mock_settings(slots.url, tmp_path, name="capacity"), "sweep.rows=[{tp=4, batch=[1]}]",
+                "sweep.rate_window_s=1.0", "sweep.warmup_requests=0", "search.lo_rps=2", "search.hi_rps=30",
+                "search.rel_tol=0.25", "search.max_probes=4", "slo.ttft_s=0.5", "slo.itl_s=5.0"]
+    try:
+        result = run_search(load_serve_config(None, settings), echo=lambda _: None)
+    finally:
+        slots.close()
+    capacity = 1 / (TTFT_S + (OUT_TOKENS - 1) * ITL_S)
+    assert 2.0 <= result.rate_rps <= 2 * capacity
+    rates = [r for r, _ in result.probes]
+    assert rates[:2] == [2.0, 30.0] and len(rates) == 4 and result.probes[1][1] < 0.9
+    rows = read_rows(tmp_path / "capacity" / "rows.jsonl")
+    assert [r.provenance["load"]["rate_rps"] for r in rows] == rates
+    assert [r.figures.goodput_share for r in rows] == [s for _, s in result.probes]
+    assert [tuple(p) for p in read_json(tmp_path / "capacity" / "search.json")["probes"]] == list(result.probes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,3 +408,15 @@ def test_tiny_cpu_sweep_on_real_vllm(tmp_path, vllm_python, monkeypatch):
         assert r.success and r.usage_reported and 16 <= r.output_tokens <= 64  # max_tokens + ignore_eos enforced
     assert (run / "model" / "config.json").is_file() and (run / "vllm-cache").is_dir()
     assert (run / "REPORT.md").is_file() and (run / "figures" / "throughput_vs_latency.png").is_file()
+
+
+def test_a_folder_written_before_a_config_field_existed_resumes_at_its_default():
+    from scalelab.core.config import to_dict
+    from scalelab.serve.sweep import check_resumable
+    new = to_dict(load_serve_config(None, ["model.path=/m"]))
+    old = json.loads(json.dumps(new))
+    del old["workload"]["ignore_eos"], old["sweep"]["arrival_cv"]     # as an older config.toml has it
+    check_resumable(old, new, Path("config.toml"))                     # the defaults are what it ran with
+    changed = to_dict(load_serve_config(None, ["model.path=/m", "workload.ignore_eos=false"]))
+    with pytest.raises(ConfigError, match="'workload.ignore_eos': False differs from True"):
+        check_resumable(old, changed, Path("config.toml"))

@@ -12,15 +12,18 @@ from scalelab.serve.table import (
 )
 
 HEAD = TableHeader("h200", "NVIDIA H200 SXM 141GB", "qwen2.5-72b", 3.5, 2.0, 0.1)
-HEADER = ("| Config | Throughput (tok/s) | p50 TTFT (ms) | p99 TTFT (ms) | p50 ITL (ms) | p99 ITL (ms) "
+HEADER = ("| Config | Load | Throughput (tok/s) | p50 TTFT (ms) | p99 TTFT (ms) | p50 ITL (ms) | p99 ITL (ms) "
           "| Goodput @ SLO | GPU-hours per 1M output tokens |")
+CSV_HEADER = ("Config,Throughput (tok/s),p50 TTFT (ms),p99 TTFT (ms),p50 ITL (ms),p99 ITL (ms),Goodput @ SLO,"
+              "GPU-hours per 1M output tokens")
 
 
 def ok_row(tp: int, batch: int, tput: float, std: float = 12.5) -> Row:
     # GPU-hours per 1M output tokens = tp / (tput x 3600) x 1e6
     figs = RowFigures(tput, 45.25, 120.0, 21.125, 40.0, 0.875, 1.5, tp * 1e6 / (tput * 3600))
     spread = {"throughput_tok_s": {"n": 3, "mean": tput, "std": std, "min": tput - std, "max": tput + std}}
-    return Row(RowKey("vllm", tp, batch), "ok", figs, spread, "", {"load": {"mode": "closed", "concurrency": batch}})
+    return Row(RowKey("vllm", tp, batch), "ok", figs, spread, "", {"load": {"mode": "closed", "concurrency": batch},
+                                                                   "achieved_rps": {"mean": 1.75}})
 
 
 def rows() -> list[Row]:
@@ -36,16 +39,16 @@ def test_markdown_header_is_the_published_one():
     lines = render_markdown(rows(), HEAD).splitlines()
     assert lines[0].startswith("Hardware: NVIDIA H200 SXM 141GB (`h200`) · model: qwen2.5-72b")
     assert lines[2] == HEADER
-    assert lines[3] == "|---|---|---|---|---|---|---|---|"
+    assert lines[3] == "|---|---|---|---|---|---|---|---|---|"
 
 
 def test_markdown_cells_na_and_failed_rows():
     md = render_markdown(rows(), HEAD)
     # 2 GPUs / (1234.5 tok/s x 3600 s/h) x 1e6 tokens = 0.450 GPU-hours
-    assert ("| vllm TP=2 batch=16 | 1,234.5 ± 12.5 | 45.2 | 120.0 | 21.12 | 40.00 | 88% (1.50 req/s) | 0.45 |"
-            in md)
-    assert "| vllm TP=1 batch=1 | N/A | N/A | N/A | N/A | N/A | N/A | N/A |" in md
-    assert "| vllm TP=4 batch=64 | failed | failed | failed | failed | failed | failed | failed |" in md
+    assert ("| vllm TP=2 batch=16 | closed c=16 → 1.75 req/s | 1,234.5 ± 12.5 | 45.2 | 120.0 | 21.12 | 40.00 | "
+            "88% (1.50 req/s) | 0.45 |" in md)
+    assert "| vllm TP=1 batch=1 | closed c=1 | N/A | N/A | N/A | N/A | N/A | N/A | N/A |" in md
+    assert "| vllm TP=4 batch=64 | closed c=64 | failed | failed | failed | failed | failed | failed | failed |" in md
     assert "- vllm TP=1 batch=1 — N/A: won't fit: 145 GB of weights > 127 GB" in md
     assert "- vllm TP=4 batch=64 — failed: server exited with code 1; log tail:" in md  # first line only
     assert "OOM" not in md
@@ -53,10 +56,11 @@ def test_markdown_cells_na_and_failed_rows():
 
 def test_csv_round_trip_keeps_key_status_figures_and_note():
     text = render_csv(rows(), HEAD)
-    assert text.splitlines()[0].startswith(HEADER[2:-2].replace(" | ", ","))
+    assert text.splitlines()[0].startswith(CSV_HEADER)
     back = rows_from_csv(text)
     assert [(r.key, r.status, r.note) for r in back] == [(r.key, r.status, r.note) for r in rows()]
     assert back[1].figures == rows()[1].figures
+    assert back[1].provenance == {"achieved_rps": {"mean": 1.75}}
     assert all(math.isnan(v) for v in vars(back[0].figures).values())
 
 
@@ -95,3 +99,18 @@ def test_write_tables_writes_all_three(tmp_path):
     paths = write_tables(tmp_path, rows(), HEAD)
     assert sorted(p.name for p in paths.values()) == ["table.csv", "table.json", "table.md"]
     assert HEADER in (tmp_path / "table.md").read_text()
+
+
+def test_load_column_offered_against_achieved():
+    from scalelab.serve.table import load_cell
+    figs = ok_row(2, 0, 300.0).figures
+    poisson = Row(RowKey("vllm", 2, 0), "ok", figs, provenance={"load": {"mode": "rate", "rate_rps": 4.0, "cv": 1.0},
+                                                                "achieved_rps": {"mean": 3.912}})
+    bursty = Row(RowKey("vllm", 2, 0), "ok", figs, provenance={"load": {"mode": "rate", "rate_rps": 4.0, "cv": 2.0},
+                                                               "achieved_rps": {"mean": 3.5}})
+    older = Row(RowKey("vllm", 2, 0), "ok", figs, provenance={"load": {"mode": "rate", "rate_rps": 2.5}})
+    assert load_cell(poisson) == "Poisson λ=4 req/s → 3.91 req/s"
+    assert load_cell(bursty) == "gamma CV=2 λ=4 req/s → 3.5 req/s"
+    assert load_cell(older) == "open λ=2.5 req/s"                   # neither the CV nor the achieved rate recorded
+    back = rows_from_csv(render_csv([bursty], HEAD))[0]
+    assert back.provenance == bursty.provenance

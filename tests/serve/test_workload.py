@@ -9,8 +9,8 @@ import pytest
 
 from scalelab.core.gpt2bpe import gpt2_encoding
 from scalelab.core.readers import SourceError
-from scalelab.serve.workload import (LengthFilter, arrival_times, count_tokens, first_exchange, sample_sharegpt,
-                                     single_token_words, synthetic_requests)
+from scalelab.serve.workload import (LengthFilter, arrival_times, count_tokens, first_exchange, gamma_shape_for_cv,
+                                     sample_sharegpt, single_token_words, synthetic_requests)
 
 
 class WordTokenizer:
@@ -99,6 +99,36 @@ def test_gamma_burstiness_sets_cv(k):
     gaps = np.diff(arrival_times(200_001, rate_rps=5.0, seed=2, burstiness=k))
     assert gaps.mean() == pytest.approx(0.2, rel=0.02)  # the rate does not change with burstiness
     assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(k), rel=0.03)  # gamma: CV = 1/sqrt(k)
+
+
+def four_sigma(cv: float, n: int) -> tuple[float, float]:
+    """How far a correct sampler's seeded draw may land, as relative errors (4 standard errors, large n):
+    the mean of n i.i.d. gaps of coefficient of variation c has relative standard error c / sqrt(n); their
+    sample standard deviation ~ sqrt((kurtosis - 1) / n) / 2, and a gamma's kurtosis is 3 + 6/k = 3 + 6 c^2.
+    The CV's error is bounded by the sum of the two."""
+    mean_se = cv / math.sqrt(n)
+    sd_se = 0.5 * math.sqrt((2 + 6 * cv ** 2) / n)
+    return 4 * mean_se, 4 * (mean_se + sd_se)
+
+
+@pytest.mark.parametrize("cv", [0.5, 1.0, 2.0])
+def test_gamma_arrivals_with_the_cv_as_the_parameter(cv):
+    n, rate = 100_000, 8.0
+    gaps = np.diff(arrival_times(n + 1, rate_rps=rate, seed=11, cv=cv))
+    mean_tol, cv_tol = four_sigma(cv, n)          # cv 2: 2.5% on the mean, 5.8% on the CV
+    assert gaps.mean() == pytest.approx(1 / rate, rel=mean_tol)
+    assert gaps.std(ddof=1) / gaps.mean() == pytest.approx(cv, rel=cv_tol)
+    # the CV and the shape name the same process: k = 1 / cv^2 gives the same draws
+    assert np.array_equal(arrival_times(50, rate, 11, cv=cv), arrival_times(50, rate, 11, gamma_shape_for_cv(cv)))
+
+
+def test_cv_one_is_poisson_and_both_knobs_at_once_is_an_error():
+    assert np.array_equal(arrival_times(100, 2.0, seed=4, cv=1.0), arrival_times(100, 2.0, seed=4))
+    assert gamma_shape_for_cv(0.5) == pytest.approx(4.0) and gamma_shape_for_cv(2.0) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="both burstiness"):
+        arrival_times(10, 2.0, seed=0, burstiness=0.5, cv=2.0)
+    with pytest.raises(ValueError, match="must be > 0"):
+        gamma_shape_for_cv(0.0)
 
 
 def test_schedule_inf_rate_and_seeding():

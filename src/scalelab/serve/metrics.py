@@ -117,15 +117,6 @@ def summarize(results: Sequence[RequestResult], slo: SLO = SLO()) -> RunMetrics:
 # ---------------------------------------------------------------------------------------------
 # cost
 
-# Illustrative $ per 1M output tokens, to be edited by the user: example list prices noted in late 2025
-# for orientation only, not current facts. Pass your own table to compare_to_api.
-EXAMPLE_API_PRICES_USD_PER_1M_OUTPUT: dict[str, float] = {
-    "example-small-model-api": 0.60,
-    "example-mid-model-api": 2.00,
-    "example-frontier-model-api": 10.00,
-}
-
-
 @dataclass(frozen=True)
 class CostEstimate:
     gpu_hours_per_1m_output_tokens: float
@@ -140,9 +131,9 @@ def cost_per_1m_output(output_tokens: int, duration_s: float, n_gpus: int, usd_p
     return CostEstimate(gpu_hours, gpu_hours * usd_per_gpu_hour)
 
 
-def compare_to_api(usd_per_1m: float, prices: Mapping[str, float] = EXAMPLE_API_PRICES_USD_PER_1M_OUTPUT
-                   ) -> dict[str, float]:
-    """{api name: our $/1M divided by its $/1M}: < 1 means self-hosting is cheaper at this load."""
+def compare_to_api(usd_per_1m: float, prices: Mapping[str, float]) -> dict[str, float]:
+    """{api name: our $/1M divided by its $/1M}: < 1 means self-hosting is cheaper at this load. The API prices
+    come from serve.prices (a pinned package's price table), never typed in."""
     return {name: usd_per_1m / price for name, price in prices.items()}
 
 

@@ -3,7 +3,8 @@
 Written on asyncio streams (stdlib, HTTP/1.1 with keep-alive, chunked SSE): nothing to install,
 and its own overhead is small enough that a client's added latency can be measured against it.
 Token i (0-based) of a request is written at t_req + ttft_s + i * itl_s on an absolute schedule (no drift),
-then a usage chunk and `data: [DONE]`. Binds 127.0.0.1 only; port 0 lets the OS pick.
+then a usage chunk and `data: [DONE]`; with max_concurrent, t_req is when the request got a slot. Binds
+127.0.0.1 only; port 0 lets the OS pick.
 
 Run alone (for the bench, in its own process): python -m scalelab.serve.mockserver --ttft-s 0.05 --itl-s 0.005
 It prints `port <n>` on stdout once listening.
@@ -29,6 +30,10 @@ class MockConfig:
     # advertising keep-alive: the race a client meets when a server's idle timeout fires
     fault: Fault = "none"  # http_500: status 500; close_midway: drop the connection after half the tokens;
     # malformed_json: the second token's chunk is not JSON
+    eos_after: int = 0  # a stand-in for a model's EOS: a request without ignore_eos ends after this many tokens
+    # (or its max_tokens, if fewer); 0 = no EOS, every request runs to max_tokens
+    max_concurrent: int = 0  # streams served at once (0 = no limit); later requests wait in FIFO order before
+    # their TTFT starts, so the server has a known capacity: max_concurrent / (ttft + (n - 1) x itl) requests/s
 
 
 @dataclass
@@ -73,6 +78,7 @@ class MockServer:
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
         self._handlers: set[asyncio.Task] = set()
+        self._slots = asyncio.Semaphore(config.max_concurrent) if config.max_concurrent > 0 else None
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024)
@@ -123,8 +129,12 @@ class MockServer:
             msg = b'{"error": "mock server: injected failure"}'
             writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(msg), msg))
-        else:
+        elif self._slots is None:
             await self._stream(writer, body, path.endswith("/chat/completions"), t_req, keep_alive)
+        else:
+            async with self._slots:   # asyncio.Semaphore wakes waiters first come, first served
+                await self._stream(writer, body, path.endswith("/chat/completions"), time.perf_counter(),
+                                   keep_alive)
 
     def _reply_stats(self, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
         msg = json.dumps({"requests": self.stats.requests, "first_token_delay_s": self.stats.first_token_delay_s,
@@ -136,6 +146,8 @@ class MockServer:
                       keep_alive: bool) -> None:
         cfg = self.config
         n = cfg.output_tokens or int(body.get("max_tokens", 16))
+        if cfg.eos_after and not body.get("ignore_eos"):
+            n = min(n, cfg.eos_after)
         text = body.get("prompt") or " ".join(str(m.get("content", "")) for m in body.get("messages", []))
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
                      b"Connection: %s\r\n\r\n" % _connection(keep_alive))

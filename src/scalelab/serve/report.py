@@ -9,17 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Sequence
 
 from scalelab.core.jsonio import write_json
 from scalelab.core.provenance import folder_provenance
 from scalelab.core.sections import write_doc
 from scalelab.serve.compare import (
-    Comparison, comparison_table, comparisons, cost_sentence, cost_table, coverage_sentence, ratio_summary,
-    render_table, score_sentence,
+    Comparison, api_basis, api_price_table, api_source_sentence, comparison_table, comparisons, cost_sentence,
+    cost_table, coverage_sentence, ratio_summary, render_table, score_sentence,
 )
 from scalelab.serve.explain import explain_scaling
 from scalelab.serve.plots import plot_predicted_vs_measured
+from scalelab.serve.prices import PriceTable
 from scalelab.serve.refit import (
     Calibrated, calibrate, explain_kwargs, fitted_summary, model_inputs, rerun_priors, tp_check,
 )
@@ -53,12 +54,16 @@ class Analysis:
     comparisons: tuple[Comparison, ...]     # the predictions on file, the rerun, the calibrated predictions
 
 
-def analyze(data: SweepData, api_prices: Mapping[str, float] | None = None) -> Analysis:
+# A price table, or what reads one; None = the pinned wheel's (serve.prices.pinned_table)
+PriceSource = PriceTable | Callable[[], PriceTable] | None
+
+
+def analyze(data: SweepData, price_table: PriceSource = None) -> Analysis:
     rerun = rerun_priors(data.measured, data.predicted)
     cal = calibrate(data.measured, data.predicted)
     cs = (comparisons(data.measured, data.predicted) + comparisons(data.measured, rerun, "rerun")
           + comparisons(data.measured, cal.rows))
-    return Analysis(data, settings(data, api_prices), rerun, cal, tp_check(data.measured, data.predicted), tuple(cs))
+    return Analysis(data, settings(data, price_table), rerun, cal, tp_check(data.measured, data.predicted), tuple(cs))
 
 
 def explained_rows(a: Analysis) -> list[Row]:
@@ -160,18 +165,24 @@ def render_report(a: Analysis) -> str:
     lines += [data.table_md.strip() if data.table_md else render_table(data.measured), ""]
     lines += comparison_md(a)
     lines += ["## Where scaling breaks", ""] + [f"- {s}" for s in scaling_explanation(a)] + [""]
-    lines += ["## Cost per 1M output tokens", "",
-              f"At ${st.usd_per_gpu_hour:.2f} per GPU-hour ({st.usd_source}); API prices are the configured "
-              "table (illustrative unless the config sets real ones).", "",
-              cost_table(data.measured, st.usd_per_gpu_hour, st.api_prices), "",
-              cost_sentence(data.measured, st.usd_per_gpu_hour, st.api_prices, "measured"), ""]
-    return "\n".join(lines)
+    return "\n".join(lines + cost_md(data.measured, st))
 
 
-def report(run_dir: str | Path, api_prices: Mapping[str, float] | None = None) -> Path:
+def cost_md(rows: Sequence[Row], st: Settings) -> list[str]:
+    """Self-hosted $ per 1M output tokens per row, set against the configured API models' prices."""
+    api = st.api
+    lines = ["## Cost per 1M output tokens", "", f"At ${st.usd_per_gpu_hour:.2f} per GPU-hour ({st.usd_source}). "
+             + api_source_sentence(api), ""]
+    if api.prices:
+        lines += [api_price_table(api), "", f"Each API's figure below is {api_basis(api)}.", ""]
+    return lines + [cost_table(rows, st.usd_per_gpu_hour, api), "",
+                    cost_sentence(rows, st.usd_per_gpu_hour, api, "measured"), ""]
+
+
+def report(run_dir: str | Path, price_table: PriceSource = None) -> Path:
     """REPORT.md, figures/predicted_vs_measured.png and predictions_calibrated.json of one sweep folder, from
-    its files alone."""
-    a = analyze(load_sweep(run_dir), api_prices)
+    its files alone and the pinned API price table."""
+    a = analyze(load_sweep(run_dir), price_table)
     folder = a.data.run_dir
     if a.calibrated.rows:
         write_json(folder / "predictions_calibrated.json", {"calibration": a.calibrated.calibration.to_dict(),

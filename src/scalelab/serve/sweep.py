@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
+
 from scalelab.calc.models import ModelSpec
 from scalelab.calc.presets import get_model
 from scalelab.core.config import ConfigError, read_toml, to_dict
@@ -48,6 +50,9 @@ from scalelab.serve.workload import LengthFilter, Request, arrival_times, sample
 # The engine flag that bounds its memory share, per engine (the fit check uses the same share).
 MEMORY_FLAGS = {"vllm": "gpu-memory-utilization", "sglang": "mem-fraction-static"}
 DONE_STATUSES = ("ok", "wont_fit")
+OUTPUT_LENGTHS = {True: "the trace's, generated exactly (ignore_eos)",
+                  False: "the trace's as caps: the model may stop at EOS sooner, so these rows predict the longest "
+                         "case"}
 Echo = Callable[[str], None]
 
 
@@ -59,6 +64,7 @@ Echo = Callable[[str], None]
 class Point:
     key: RowKey
     rate_rps: float | None = None  # None: closed loop at key.batch in flight
+    gamma_shape: float = 1.0       # open loop: the gaps' gamma shape k (1 = Poisson); CV = 1/sqrt(k)
 
     @property
     def slug(self) -> str:
@@ -69,7 +75,8 @@ class Point:
     def load(self) -> dict[str, Any]:
         if self.rate_rps is None:
             return {"mode": "closed", "concurrency": self.key.batch}
-        return {"mode": "rate", "rate_rps": self.rate_rps}
+        return {"mode": "rate", "rate_rps": self.rate_rps, "arrivals": "gamma", "gamma_shape": self.gamma_shape,
+                "cv": 1.0 / math.sqrt(self.gamma_shape)}
 
     @property
     def id(self) -> tuple[str, int, int, float | None]:
@@ -90,7 +97,8 @@ def plan_points(cfg: ServeConfig) -> list[Point]:
             if cfg.sweep.mode == "closed":
                 out += [Point(RowKey(engine, plan.tp, b)) for b in plan.batches]
             else:
-                out += [Point(RowKey(engine, plan.tp, 0), float(r)) for r in sorted(cfg.sweep.rates)]
+                out += [Point(RowKey(engine, plan.tp, 0), float(r), cfg.sweep.gamma_shape)
+                        for r in sorted(cfg.sweep.rates)]
     return out
 
 
@@ -189,12 +197,20 @@ def _first_difference(old: Any, new: Any, name: str) -> str:
 
 
 def check_resumable(old: dict, new: dict, where: Path) -> None:
-    """Measured rows of the folder stay comparable with new ones only if these fields are unchanged."""
+    """Measured rows of the folder stay comparable with new ones only if these fields are unchanged. A field the
+    folder's config.toml lacks (written before the field existed) counts as its default, the value it ran with."""
+    old = _with_defaults(old, to_dict(ServeConfig()))
     for key in RESUME_KEYS:
         leaf = _first_difference(_dotted(old, key), _dotted(new, key), key)
         if leaf:
             raise ConfigError(f"config field '{leaf}': {_dotted(new, leaf)!r} differs from {_dotted(old, leaf)!r} "
                               f"in {where}; its measured rows would not be comparable (use another run.name)")
+
+
+def _with_defaults(old: Any, defaults: Any) -> Any:
+    if not (isinstance(old, dict) and isinstance(defaults, dict)):
+        return old
+    return {**defaults, **{k: _with_defaults(v, defaults.get(k)) for k, v in old.items()}}
 
 
 def open_run_dir(cfg: ServeConfig) -> RunDir:
@@ -287,6 +303,7 @@ def write_predictions(setup: Setup, points: Sequence[Point], requests: dict[Poin
         rows = predict_rows(setup, points, requests)
         rd.write_predictions({"hardware": setup.header.hardware_key, "model": setup.spec.name,
                               "slo": {"ttft_s": setup.slo.ttft_s, "itl_s": setup.slo.itl_s},
+                              "output_lengths": OUTPUT_LENGTHS[setup.cfg.workload.ignore_eos],
                               "rows": [r.to_dict() for r in rows]})
         return
     data = rd.read("predictions.json")
@@ -359,7 +376,7 @@ def server_provenance(setup: Setup, server: RunningServer, engine: str, tp: int)
 def client_config(setup: Setup, server: RunningServer) -> ClientConfig:
     e = setup.cfg.engine
     return ClientConfig(base_url=server.url, api=e.api, model=e.served_model_name or setup.model_path,
-                        timeout_s=e.request_timeout_s)
+                        ignore_eos=setup.cfg.workload.ignore_eos, timeout_s=e.request_timeout_s)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,14 +384,14 @@ def client_config(setup: Setup, server: RunningServer) -> ClientConfig:
 
 
 async def _run_load(client: ClientConfig, point: Point, reqs: Sequence[Request], path: Path, n_warmup: int,
-                    arrival_seed: int, burstiness: float) -> list[RequestResult]:
+                    arrival_seed: int) -> list[RequestResult]:
     if path.exists():  # an interrupted earlier attempt: keep its requests, start this one's file afresh
         path.replace(path.with_suffix(".interrupted.jsonl"))
     recorder = JsonlRecorder(path)
     try:
         if point.rate_rps is None:
             return await run_closed_loop(client, reqs, point.key.batch, recorder, warmup=n_warmup)
-        times = arrival_times(len(reqs), point.rate_rps, arrival_seed, burstiness)
+        times = arrival_times(len(reqs), point.rate_rps, arrival_seed, point.gamma_shape)
         return await run_open_loop(client, reqs, times, recorder, warmup=n_warmup)
     finally:
         await recorder.close()
@@ -405,7 +422,6 @@ def measure_point(setup: Setup, server: RunningServer, point: Point, reqs: Point
                   server_prov: dict[str, Any]) -> Row:
     """Warm-up, then each repeat; a repeat in which no request succeeds makes the row "failed"."""
     client, slo, files = client_config(setup, server), setup.slo, setup.rd.path / "requests"
-    burst = setup.cfg.sweep.burstiness
     seed = setup.cfg.workload.seed
     prov = {**server_prov, "load": point.load, "warmup_requests": len(reqs.warmup),
             "requests_per_repeat": len(reqs.repeats[0]), "repeats": len(reqs.repeats),
@@ -413,11 +429,10 @@ def measure_point(setup: Setup, server: RunningServer, point: Point, reqs: Point
     setup.rd.log_event("row_start", point=point.slug)
     if reqs.warmup:
         asyncio.run(_run_load(client, point, reqs.warmup, files / f"{point.slug}-warmup.jsonl", len(reqs.warmup),
-                              seed, burst))
-    per_repeat, notes = [], []
+                              seed))
+    per_repeat, notes, runs = [], [], []
     for i, rep in enumerate(reqs.repeats):
-        results = asyncio.run(_run_load(client, point, rep, files / f"{point.slug}-r{i}.jsonl", 0,
-                                        seed + 1 + i, burst))
+        results = asyncio.run(_run_load(client, point, rep, files / f"{point.slug}-r{i}.jsonl", 0, seed + 1 + i))
         figs = repeat_figures(results, point.key.tp, slo, setup.header.usd_per_gpu_hour)
         setup.rd.log_event("repeat_done", point=point.slug, repeat=i, **asdict(figs))
         echo(f"  {point.slug} repeat {i + 1}/{len(reqs.repeats)}: {figs.throughput_tok_s:,.1f} tok/s, "
@@ -427,8 +442,32 @@ def measure_point(setup: Setup, server: RunningServer, point: Point, reqs: Point
                        provenance=prov)
         per_repeat.append(figs)
         notes.append(_failure_note(results))
+        runs.append(results)
     figures, spreads = aggregate(per_repeat)
+    prov.update(measured_load(runs, [r for rep in reqs.repeats for r in rep], setup.cfg.workload.ignore_eos))
     return Row(point.key, "ok", figures, spreads, "; ".join(n for n in notes if n), prov)
+
+
+def _lengths(values: Sequence[int]) -> dict[str, float]:
+    a = np.asarray(values, dtype=float)
+    return {"n": int(a.size), "mean": float(a.mean()), "p50": float(np.median(a)), "min": float(a.min()),
+            "max": float(a.max())}
+
+
+def measured_load(runs: Sequence[Sequence[RequestResult]], sent: Sequence[Request], ignore_eos: bool
+                  ) -> dict[str, Any]:
+    """What a row's repeats achieved beside what was offered: completed requests/s (spread over repeats), the
+    prompt and output tokens of its successful requests (the input:output ratio an API would bill), and its
+    output lengths against the trace's (equal with ignore_eos; with EOS honoured, the lengths the model chose)."""
+    rps = [summarize(rs).request_throughput_rps for rs in runs]
+    ok = [r for rs in runs for r in measured(rs) if r.success]
+    asked = {q.request_id: q.output_tokens for q in sent}
+    got = [r.output_tokens for r in ok]
+    return {"achieved_rps": asdict(spread(rps, min_repeats=1)),
+            "tokens": {"prompt": sum(r.prompt_tokens for r in ok), "output": sum(got)},
+            "output_lengths": {"ignore_eos": ignore_eos, "trace": _lengths([asked[r.request_id] for r in ok]),
+                               "generated": _lengths(got), "stopped_early_share":
+                                   sum(r.output_tokens < asked[r.request_id] for r in ok) / len(ok)}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,7 +578,8 @@ def run_search(cfg: ServeConfig, engine: str = "", tp: int = 0, echo: Echo = pri
     """Bisect on the request rate (metrics.find_max_rate); each probe is one open-loop run, kept as a row."""
     engine, tp = engine or cfg.engine.names[0], tp or cfg.sweep.plans()[0].tp
     s = cfg.search
-    pool = sample_pool(cfg, pool_size(cfg, [Point(RowKey(engine, tp, 0), s.hi_rps)], 1))
+    shape = cfg.sweep.gamma_shape
+    pool = sample_pool(cfg, pool_size(cfg, [Point(RowKey(engine, tp, 0), s.hi_rps, shape)], 1))
     setup = make_setup(cfg)
     reason = fit_failure(setup, engine, tp)
     if reason:
@@ -548,7 +588,7 @@ def run_search(cfg: ServeConfig, engine: str = "", tp: int = 0, echo: Echo = pri
         prov = server_provenance(setup, server, engine, tp)
 
         def share_at(rate: float) -> float:
-            point = Point(RowKey(engine, tp, 0), rate)
+            point = Point(RowKey(engine, tp, 0), rate, shape)
             reqs = split_pool(pool, warmup_requests(cfg, point), requests_per_repeat(cfg, point), 1)
             row = measure_point(setup, server, point, reqs, echo, prov)
             record_row(setup, row, echo)

@@ -11,12 +11,15 @@ import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from scalelab.core import errors
 from scalelab.core.hardware import HARDWARE
 from scalelab.core.jsonio import is_stored, iter_jsonl, read_json
-from scalelab.serve.metrics import EXAMPLE_API_PRICES_USD_PER_1M_OUTPUT, SLO
+from scalelab.serve.config import CostSection
+from scalelab.serve.metrics import SLO
+from scalelab.serve import prices
+from scalelab.serve.prices import ApiPrices, PriceTable, api_prices
 from scalelab.serve.rows import Row, row_from_dict
 
 
@@ -112,7 +115,7 @@ class Settings:
     model_name: str
     usd_per_gpu_hour: float
     usd_source: str
-    api_prices: dict[str, float]
+    api: ApiPrices                   # the configured API models' prices, or why there are none
     slo: SLO
 
 
@@ -142,15 +145,42 @@ def _model_name(cfg: dict, pred_prov: dict) -> str:
     return str(m or pred_prov.get("model_spec", {}).get("name", "unknown model"))
 
 
-def settings(data: SweepData, api_prices: Mapping[str, float] | None = None) -> Settings:
+def settings(data: SweepData, price_table: PriceTable | Callable[[], PriceTable] | None = None) -> Settings:
+    """The sweep's settings; API prices from `price_table`, None = the pinned wheel's (looked up at call time)."""
     pred_prov = data.predicted[0].provenance if data.predicted else {}
     hw = find_key(data.config, "hardware") or find_key(data.config, "gpu") or pred_prov.get("hardware", "unknown")
     hw = hw if isinstance(hw, str) else str(hw.get("name", "unknown")) if isinstance(hw, dict) else str(hw)
     usd, usd_source = _usd(data.config, pred_prov, hw)
-    prices = api_prices or find_key(data.config, "api_prices_usd_per_1m_output") or EXAMPLE_API_PRICES_USD_PER_1M_OUTPUT
     engines = tuple(sorted({r.key.engine for r in data.measured + data.predicted}))
-    return Settings(hw, engines, _model_name(data.config, pred_prov), usd, usd_source,
-                    {str(k): float(v) for k, v in dict(prices).items()}, _slo(data.config, pred_prov))
+    api = api_prices(api_models(data.config), *token_ratio(data), 
+                     table=prices.pinned_table if price_table is None else price_table)
+    return Settings(hw, engines, _model_name(data.config, pred_prov), usd, usd_source, api,
+                    _slo(data.config, pred_prov))
+
+
+def api_models(cfg: dict) -> list[str]:
+    """[cost] api_models of the sweep's config; the config's default for a sweep written before the key existed."""
+    cost = cfg.get("cost") if isinstance(cfg.get("cost"), dict) else {}
+    models = cost.get("api_models", CostSection().api_models)
+    return [str(m) for m in models] if isinstance(models, list) else []
+
+
+def token_ratio(data: SweepData) -> tuple[float | None, str]:
+    """The workload's input:output token ratio and where it was read: the measured rows' token counts (the
+    server's usage), else the requests the predictions were made for (prompt tokens and max_tokens, which are
+    the generated lengths only when EOS was ignored)."""
+    sums = [r.provenance["tokens"] for r in data.measured if r.status == "ok" and "tokens" in r.provenance]
+    out = sum(t["output"] for t in sums)
+    if out > 0:
+        return sum(t["prompt"] for t in sums) / out, "the measured requests' prompt and output tokens"
+    ws = [r.provenance["workload"] for r in data.predicted if "workload" in r.provenance]
+    out = sum(w["requests"] * w["output_mean"] for w in ws)
+    if out <= 0:
+        return None, "not recorded"
+    eos = data.config.get("workload", {}).get("ignore_eos", True)
+    how = "the generated lengths, EOS ignored" if eos else "upper bounds, EOS honoured"
+    return (sum(w["requests"] * w["prompt_mean"] for w in ws) / out,
+            f"the requests sent, as predictions.json records them: prompt tokens and max_tokens ({how})")
 
 
 def gpus_phrase(prov: dict) -> str:

@@ -1,7 +1,8 @@
 """The serving scaling table: rows.jsonl -> table.md, table.csv, table.json.
 
-Markdown columns are fixed (the study's published format); the cells show each row's mean over repeats,
-throughput with its standard deviation. N/A rows (won't fit) and failed rows keep their place in the
+Markdown columns are fixed (the study's published format, with the load beside the config: a closed loop's
+concurrency or an open loop's offered rate, and the request rate achieved); the cells show each row's mean over
+repeats, throughput with its standard deviation. N/A rows (won't fit) and failed rows keep their place in the
 table with their reason as a footnote. CSV carries the same eight columns as plain numbers plus the key,
 status, spreads and $/1M; JSON carries each full Row plus its label and $/1M. Both read back to Rows.
 """
@@ -24,7 +25,9 @@ COLUMNS = ("Config", "Throughput (tok/s)", "p50 TTFT (ms)", "p99 TTFT (ms)", "p5
 # The figure behind each numeric column, in column order.
 COLUMN_FIGURES = ("throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "goodput_share",
                   "gpu_hours_per_1m")
-CSV_EXTRA = ("engine", "tp", "batch", "rate_rps", "status", "goodput_rps", "usd_per_1m_output_tokens",
+MD_COLUMNS = (COLUMNS[0], "Load", *COLUMNS[1:])
+CSV_EXTRA = ("engine", "tp", "batch", "rate_rps", "arrival_cv", "achieved_rps", "status", "goodput_rps",
+             "usd_per_1m_output_tokens",
              *(f"{f}_std" for f in COLUMN_FIGURES), "repeats", "note")
 
 
@@ -47,6 +50,34 @@ def rate_rps(row: Row) -> float | None:
     """The open-loop request rate of a row, None for a closed-loop (fixed concurrency) row."""
     load = row.provenance.get("load", {})
     return float(load["rate_rps"]) if load.get("mode") == "rate" else None
+
+
+def arrival_cv(row: Row) -> float | None:
+    """The CV of an open-loop row's inter-arrival gaps (1 = Poisson); None for a closed loop or when not recorded
+    (rows written before the CV was: their config's sweep.burstiness says)."""
+    cv = row.provenance.get("load", {}).get("cv")
+    return float(cv) if cv is not None else None
+
+
+def achieved_rps(row: Row) -> float:
+    """Completed requests/s, mean over repeats (NaN when not recorded)."""
+    return float(row.provenance.get("achieved_rps", {}).get("mean", math.nan))
+
+
+def offered(row: Row) -> str:
+    """'closed c=4', 'Poisson λ=2.5 req/s', 'gamma CV=1.41 λ=2.5 req/s', or 'open λ=2.5 req/s' (CV not recorded)."""
+    rate = rate_rps(row)
+    if rate is None:
+        return f"closed c={row.key.batch}"
+    cv = arrival_cv(row)
+    shape = "open" if cv is None else "Poisson" if abs(cv - 1) < 1e-9 else f"gamma CV={cv:.3g}"
+    return f"{shape} λ={rate:g} req/s"
+
+
+def load_cell(row: Row) -> str:
+    """The offered load, and after the arrow the completed requests/s it achieved."""
+    got = achieved_rps(row)
+    return offered(row) + (f" → {got:.3g} req/s" if math.isfinite(got) else "")
 
 
 def point_id(row: Row) -> tuple[str, int, int, float | None]:
@@ -105,20 +136,22 @@ def _gpu_hours(x: float) -> str:
 
 
 def header_line() -> str:
-    return "| " + " | ".join(COLUMNS) + " |"
+    return "| " + " | ".join(MD_COLUMNS) + " |"
 
 
 def render_markdown(rows: Sequence[Row], head: TableHeader) -> str:
     lines = [f"Hardware: {head.hardware_name} (`{head.hardware_key}`) · model: {head.model} · "
              f"SLO: TTFT ≤ {head.slo_ttft_s * 1000:g} ms, ITL p99 ≤ {head.slo_itl_s * 1000:g} ms per request",
-             "", header_line(), "|" + "---|" * len(COLUMNS)]
+             "", header_line(), "|" + "---|" * len(MD_COLUMNS)]
     notes = []
     for row in rows:
-        lines.append("| " + " | ".join([label(row), *_cells(row)]) + " |")
+        lines.append("| " + " | ".join([label(row), load_cell(row), *_cells(row)]) + " |")
         if row.note:  # why N/A, the error, or the requests that failed in a measured row
             what = {"wont_fit": "N/A", "failed": "failed"}.get(row.status, "note")
             notes.append(f"- {label(row)} — {what}: {row.note.splitlines()[0]}")
-    lines += ["", "Throughput: output tokens/s of one instance, mean ± std over repeats; latencies: mean over "
+    lines += ["", "Load: a closed loop of c requests in flight, or an open loop offered λ requests/s (Poisson, or "
+              "gamma-distributed gaps of the CV shown); after the arrow, the completed requests/s achieved. "
+              "Throughput: output tokens/s of one instance, mean ± std over repeats; latencies: mean over "
               "repeats of each repeat's percentile; goodput: share of requests meeting the SLO."]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
@@ -131,8 +164,10 @@ def _csv_record(row: Row, head: TableHeader) -> dict[str, Any]:
     figs = [getattr(row.figures, f) for f in COLUMN_FIGURES]
     rec: dict[str, Any] = dict(zip(COLUMNS, [label(row), *figs]))
     rate = rate_rps(row)
+    cv = arrival_cv(row)
     rec.update(engine=row.key.engine, tp=row.key.tp, batch=row.key.batch, rate_rps="" if rate is None else rate,
-               status=row.status, goodput_rps=row.figures.goodput_rps,
+               arrival_cv="" if cv is None else cv, achieved_rps=achieved_rps(row), status=row.status,
+               goodput_rps=row.figures.goodput_rps,
                usd_per_1m_output_tokens=usd_per_1m(row, head.usd_per_gpu_hour),
                repeats=row.spread.get("throughput_tok_s", {}).get("n", 0), note=row.note)
     for f in COLUMN_FIGURES:
@@ -150,16 +185,28 @@ def render_csv(rows: Sequence[Row], head: TableHeader) -> str:
 
 
 def rows_from_csv(text: str) -> list[Row]:
-    """The key, status, figures and note of each row (spreads come back only as stds; provenance not at all)."""
+    """The key, status, figures and note of each row (spreads come back only as stds; of the provenance, only the
+    load and the achieved rate)."""
     out = []
     for rec in csv.DictReader(io.StringIO(text)):
         figures = dict(zip(COLUMN_FIGURES, (float(rec[c]) for c in COLUMNS[1:])))
         figures["goodput_rps"] = float(rec["goodput_rps"])
-        prov = {"load": {"mode": "rate", "rate_rps": float(rec["rate_rps"])}} if rec["rate_rps"] else {}
         out.append(Row(RowKey(rec["engine"], int(rec["tp"]), int(rec["batch"])), rec["status"],
                        RowFigures(**{f.name: figures[f.name] for f in fields(RowFigures)}), note=rec["note"],
-                       provenance=prov))
+                       provenance=_csv_provenance(rec)))
     return out
+
+
+def _csv_provenance(rec: dict[str, str]) -> dict[str, Any]:
+    """The load and the achieved rate, as the sweep's row provenance holds them."""
+    prov: dict[str, Any] = {}
+    if rec["rate_rps"]:
+        prov["load"] = {"mode": "rate", "rate_rps": float(rec["rate_rps"])}
+        if rec.get("arrival_cv"):
+            prov["load"]["cv"] = float(rec["arrival_cv"])
+    if rec.get("achieved_rps") and math.isfinite(float(rec["achieved_rps"])):
+        prov["achieved_rps"] = {"mean": float(rec["achieved_rps"])}
+    return prov
 
 
 def table_json(rows: Sequence[Row], head: TableHeader) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """What the load test sends and when: requests sampled from ShareGPT or made synthetically, and arrival schedules.
 
-A `Request` carries its prompt, its measured prompt token count and the output length the client enforces
-(max_tokens with ignore_eos), so runs against different engines generate the same number of tokens.
+A `Request` carries its prompt, its measured prompt token count and its output length from the trace, sent as
+max_tokens: with ignore_eos (the default) every run generates exactly that many tokens, so runs against different
+engines or weights are comparable; with EOS honoured it is a cap and the model's own EOS ends the answer.
 Closed-loop load (a fixed number of requests in flight) needs no schedule: the client's workers pace it.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Request:
     request_id: int
     prompt: str  # completions: the prompt; chat: the content of one user message
     prompt_tokens: int  # measured with the workload's tokenizer, not estimated
-    output_tokens: int  # sent as max_tokens (with ignore_eos) so every run generates this many
+    output_tokens: int  # sent as max_tokens: generated exactly with ignore_eos, a cap with EOS honoured
 
 
 @dataclass(frozen=True)
@@ -157,10 +158,23 @@ def synthetic_requests(n: int, seed: int, prompt_range: tuple[int, int] = (100, 
 # arrival schedules (open loop)
 
 
-def arrival_times(n: int, rate_rps: float, seed: int, burstiness: float = 1.0) -> np.ndarray:
+def gamma_shape_for_cv(cv: float) -> float:
+    """The gamma shape whose gaps have this coefficient of variation: CV = 1/sqrt(k), so k = 1/CV^2."""
+    if cv <= 0:
+        raise ValueError(f"gamma_shape_for_cv: cv ({cv}) must be > 0")
+    return 1.0 / cv ** 2
+
+
+def arrival_times(n: int, rate_rps: float, seed: int, burstiness: float = 1.0, cv: float | None = None
+                  ) -> np.ndarray:
     """Send times in s from the run start, first at 0. Gaps are gamma with shape k = burstiness and mean
     1/rate (vLLM's convention): k = 1 is a Poisson process, k < 1 burstier (CV = 1/sqrt(k) > 1), k > 1
-    smoother. rate = inf sends everything at t = 0."""
+    smoother. `cv` instead sets the gaps' coefficient of variation (k = 1/cv^2). rate = inf sends everything at
+    t = 0."""
+    if cv is not None:
+        if burstiness != 1.0:
+            raise ValueError(f"arrival_times: both burstiness ({burstiness}) and cv ({cv}) given; give one")
+        burstiness = gamma_shape_for_cv(cv)
     if n <= 0:
         return np.zeros(0)
     if math.isinf(rate_rps):
