@@ -71,7 +71,7 @@ recipe() {  # one run per learning rate, side by side on the GPU (vLLM engines s
 
 collapse() {  # the shipped recipe on the real model (as a new user ran it), then the same with the format gated
   local common=(--config "$SHIPPED" --set model.name="\"$NAME\"" --set rollout.engine='"vllm_colocated"'
-                --set model.lora.enabled=false --set rollout.server.gpu_memory_utilization=0.1
+                --set model.lora.enabled=false --set rollout.server.gpu_memory_utilization=0.08
                 --set optim.micro_batch_size=8 --set train.max_steps=10 --set train.checkpoint_every=5
                 --set rollout.server.tensor_parallel=1 --set rollout.server.gpus="\"\"" --set train.seed=$SEED
                 --set run.out_dir="\"$RUNS\"")
