@@ -11,7 +11,9 @@ from scalelab.grpo.config import load_grpo_config
 from scalelab.grpo.heldout import compare, load_eval
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "h200" / "grpo"
-RUNS = ["seeds/seed0", "hacking/exploit", "staleness/k8"]
+RUNS = ["seeds/seed0", "hacking/exploit", "staleness/k8", "qwen2.5-coder-0.5b-gsm8k/recipe-lr2e-5-s0",
+        "qwen2.5-coder-0.5b-gsm8k/recipe-lr5e-5-s0"]
+REAL = [r for r in RUNS if r.startswith("qwen")]
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -24,3 +26,21 @@ def test_gzipped_generations_rescore_to_the_committed_summary(run):
     assert base is not None and trained is not None and len(base.examples) == len(trained.examples) > 0
     summary = json.loads(json.dumps(compare(base, trained, load_grpo_config(d / "config.toml"))))
     assert summary == read_json(d / "eval" / "summary.json")
+
+
+@pytest.mark.parametrize("run", REAL)
+def test_real_gsm8k_generations_rescore_from_their_text(run, shared_data):
+    """Every stored greedy completion scored again by the task (the reference protocol's lenient reading) gives
+    the stored verdict; the strict column is recomputed from the same texts by compare()."""
+    from scalelab.evals.tasks import get_task
+    d = RESULTS / run
+    if not (d / "eval" / "summary.json").is_file():
+        pytest.skip(f"{d}: committed results not present")
+    cfg = load_grpo_config(d / "config.toml")
+    task = get_task(cfg.data.task, **cfg.data.task_options)
+    examples = {e.id: e for e in task.load(cfg.eval.split, str(shared_data / "gsm8k"))}
+    for policy in ("base", "trained"):
+        ev = load_eval(d, policy)
+        assert len(ev.examples) == 1319
+        for r in ev.examples:
+            assert task.score(examples[r.id], r.greedy_text).correct == r.greedy_correct, (policy, r.id)
