@@ -102,7 +102,8 @@ class FakeChat:
                     fake.chat_requests += 1
                 assert body["temperature"] == 0.0 and body["model"] == "fake-model"
                 question = body["messages"][-1]["content"]
-                self._send(fake.status, fake.replies[question] if fake.status == 200 else {"error": "boom"})
+                reply = fake.replies.get(question, chat_reply("I do not know.", 5, "stop"))  # unscripted: wrong
+                self._send(fake.status, reply if fake.status == 200 else {"error": "boom"})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -217,6 +218,19 @@ def test_malformed_reply_is_one_line_naming_task_and_item(examples, model_dir, s
     assert err.startswith(f"scalelab: server error: gsm8k item gsm8k/test/2: malformed reply from {fake.url}"
                           "/v1/chat/completions: no choices[0].message.content in the reply")
     assert not (tmp_path / "out" / "tasks" / "gsm8k.json").exists()  # nothing stored for the failed task
+
+
+def test_a_failed_task_does_not_stop_the_next(examples, model_dir, shared_data, tmp_path, capsys):
+    fake = FakeChat(scripted(examples, {"gsm8k/test/2": MALFORMED}))
+    try:
+        rc = main(["evals", "battery", "--model", str(model_dir), "--out", str(tmp_path / "out"), "--tasks",
+                   "gsm8k,math500", "--limit", "3", "--server-url", fake.url, "--data-dir", str(shared_data)])
+    finally:
+        fake.close()
+    assert rc == 2 and "gsm8k item gsm8k/test/2" in error_line(capsys)
+    assert not (tmp_path / "out" / "tasks" / "gsm8k.json").exists()
+    after = read_json(tmp_path / "out" / "tasks" / "math500.json")  # ran and was stored after gsm8k failed
+    assert after["n"] == 3 and after["correct"] == 0  # every unscripted reply is "I do not know."
 
 
 def test_server_error_status_names_the_item(examples, model_dir, shared_data, tmp_path, capsys):

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from scalelab.core import models, provenance
+from scalelab.core import errors, models, provenance
 from scalelab.core.engines import EngineSpec, FlagValue, RunningServer, engine_start_lock
 from scalelab.core.gguf_cache import SOURCE_FILE
 from scalelab.core.http import get_json
@@ -51,7 +51,7 @@ class BatteryConfig:
     engine_python: str = ""                      # "": $SCALELAB_VLLM_PYTHON, else this interpreter
     server_url: str = ""                         # a server already running: nothing launched
     concurrency: int = 128                       # chat requests in flight
-    max_model_len: int = 4096                    # prompt + completion; the longest budget is 1,024 tokens
+    max_model_len: int = 8192                    # prompt + completion: MBPP's longest prompt is 3,585 Qwen tokens
     engine_flags: dict[str, FlagValue] = field(default_factory=dict)
     request_timeout_s: float = 900.0
     ready_timeout_s: float = 900.0
@@ -154,19 +154,28 @@ def chat_server(cfg: BatteryConfig, model: ModelInfo, folder: BatteryFolder) -> 
 
 
 def run_generate(cfg: BatteryConfig, model: ModelInfo, folder: BatteryFolder, say: Callable[[str], None],
-                 done: Callable[[dict], None]) -> None:
-    pending = plan_generate(cfg, model, folder)
+                 done: Callable[[dict], None]) -> list[str]:
+    """The generative tasks not stored yet; returns one line per task whose requests failed. A failed task is
+    not stored (a rerun tries it again) and does not stop the tasks after it: one over-long prompt should not
+    cost the rest of a 10-minute GPU job."""
+    pending, failed = plan_generate(cfg, model, folder), []
     if not pending:
-        return
+        return failed
     say(f"serving {model.folder} for {', '.join(p.spec.name for p in pending)}")
     with chat_server(cfg, model, folder) as (client, server):
         for p in pending:
-            summary, items = run_generate_task(client, p.spec, p.task, p.examples, cfg.concurrency, p.settings,
-                                               p.sha, p.sandbox)
+            try:
+                summary, items = run_generate_task(client, p.spec, p.task, p.examples, cfg.concurrency, p.settings,
+                                                   p.sha, p.sandbox)
+            except errors.ServerError as e:
+                failed.append(str(e))
+                say(f"{p.spec.name}: failed, not stored: {e}")
+                continue
             write_items(folder, p.spec.name, items)  # items first: a summary marks the task done
             write_summary(folder, summary)
             say(f"{p.spec.name}: {summary.correct}/{summary.n} in {summary.wall_s:.1f} s")
             done(server)
+    return failed
 
 
 def mc_settings(task: str, model: ModelInfo, cfg: BatteryConfig, device: str, dtype: str) -> dict:
@@ -226,7 +235,10 @@ def run_battery(cfg: BatteryConfig, say: Callable[[str], None] = lambda _: None)
         write_battery(cfg, model, folder, server, time.perf_counter() - start)
         report(folder.root)
 
-    run_generate(cfg, model, folder, say, checkpoint)
+    failed = run_generate(cfg, model, folder, say, checkpoint)
     run_multiple_choice(cfg, model, folder, say, checkpoint)
     checkpoint({})
+    if failed:
+        raise ReplyError(failed[0] if len(failed) == 1 else
+                         f"{len(failed)} tasks failed and were not stored (the others were): " + "; ".join(failed))
     return folder.battery_json

@@ -37,7 +37,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                                                        "this one)")
     p.add_argument("--engine-flag", action="append", type=_engine_flag, default=[], metavar="KEY[=VALUE]",
                    help="extra vLLM server flag, repeatable (e.g. enforce-eager, max-num-seqs=64)")
-    p.add_argument("--max-model-len", type=int, default=4096, help="the server's context length")
+    p.add_argument("--max-model-len", type=int, default=8192, help="the server's context length")
     p.add_argument("--server-url", default="", help="use a server already running at URL; none is launched")
     p.add_argument("--data-dir", type=Path, default=None, help="the shared data folder (default ../shared/data)")
     p.add_argument("--concurrency", type=int, default=128, help="chat requests in flight")
