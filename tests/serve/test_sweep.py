@@ -252,11 +252,13 @@ def test_rate_search_against_the_mock(mock, tmp_path):
     settings = [*mock_settings(mock.url, tmp_path), "sweep.rows=[{tp=4, batch=[1]}]", "sweep.rate_window_s=0.2",
                 "sweep.warmup_requests=0", "search.lo_rps=5", "search.hi_rps=20", *LOOSE_SLO]
     result = run_search(load_serve_config(None, settings), echo=lambda _: None)
-    assert result.rate_rps == 20.0 and [r for r, _ in result.probes] == [5.0, 20.0]  # the mock never saturates
+    assert result.rate_rps == 20.0 and [p.rate_rps for p in result.probes] == [5.0, 20.0]  # the mock never saturates
+    assert [p.shares for p in result.probes] == [(1.0, 1.0)] * 2                    # search.repeats: 2 by default
     assert read_json(tmp_path / "mock" / "search.json")["rate_rps"] == 20.0
     strict = [*settings, "slo.itl_s=0.001", "run.name=strict"]  # 10 ms gaps can never meet 1 ms
     result = run_search(load_serve_config(None, strict), echo=lambda _: None)
-    assert (result.rate_rps, result.probes) == (0.0, ((5.0, 0.0),))
+    assert (result.rate_rps, [(p.rate_rps, p.shares, p.meets) for p in result.probes]) == (0.0, [(5.0, (0.0, 0.0),
+                                                                                             False)])
 
 
 def test_output_lengths_from_the_trace_with_eos_ignored_or_honoured(tmp_path):
@@ -289,23 +291,39 @@ def test_rate_search_against_a_mock_of_known_capacity(tmp_path):
     """One stream at a time, 0.02 + 9 x 0.01 = 0.11 s each: capacity 9.1 req/s. With a 0.5 s TTFT budget, 2 req/s
     meets the SLO (4 requests; a wait past 0.48 s needs 5 arrivals within it); at 2x capacity request i of a 1 s
     window waits about i x (0.11 - 0.055) s, so half of its 19 requests miss, and a stalled test process only adds
-    delay: no rate above 2x capacity can pass. Every probe is a row in rows.jsonl and a line of search.json."""
+    delay: no rate above 2x capacity can pass. Each probe runs 2 repeats on their own requests and arrival seeds;
+    under the "all" rule a rate meets the SLO only if both do. Every probe is a row in rows.jsonl with both
+    repeats' figures, two request files, and a line of search.json with both shares."""
     slots = ThreadedMock(MockConfig(ttft_s=TTFT_S, itl_s=ITL_S, max_concurrent=1))
     settings = [*mock_settings(slots.url, tmp_path, name="capacity"), "sweep.rows=[{tp=4, batch=[1]}]",
                 "sweep.rate_window_s=1.0", "sweep.warmup_requests=0", "search.lo_rps=2", "search.hi_rps=30",
-                "search.rel_tol=0.25", "search.max_probes=4", "slo.ttft_s=0.5", "slo.itl_s=5.0"]
+                "search.rel_tol=0.25", "search.max_probes=4", "search.repeats=2", "search.rule=all",
+                "slo.ttft_s=0.5", "slo.itl_s=5.0"]
     try:
         result = run_search(load_serve_config(None, settings), echo=lambda _: None)
     finally:
         slots.close()
     capacity = 1 / (TTFT_S + (OUT_TOKENS - 1) * ITL_S)
-    assert 2.0 <= result.rate_rps <= 2 * capacity
-    rates = [r for r, _ in result.probes]
-    assert rates[:2] == [2.0, 30.0] and len(rates) == 4 and result.probes[1][1] < 0.9
-    rows = read_rows(tmp_path / "capacity" / "rows.jsonl")
+    assert 2.0 <= result.rate_rps <= 2 * capacity and result.rule == "all"
+    rates = [p.rate_rps for p in result.probes]
+    assert rates[:2] == [2.0, 30.0] and len(rates) == 4 and max(result.probes[1].shares) < 0.9
+    assert all(len(p.shares) == 2 and p.meets == (min(p.shares) >= 0.9) for p in result.probes)
+    run = tmp_path / "capacity"
+    rows = read_rows(run / "rows.jsonl")
     assert [r.provenance["load"]["rate_rps"] for r in rows] == rates
-    assert [r.figures.goodput_share for r in rows] == [s for _, s in result.probes]
-    assert [tuple(p) for p in read_json(tmp_path / "capacity" / "search.json")["probes"]] == list(result.probes)
+    assert [tuple(f["goodput_share"] for f in r.provenance["repeat_figures"]) for r in rows] == [
+        p.shares for p in result.probes]
+    for row, p in zip(rows, result.probes):
+        assert row.figures.goodput_share == pytest.approx(sum(p.shares) / 2)   # the row: the repeats' mean
+        slug = f"vllm-tp4-r{p.rate_rps:g}"
+        reps = [[result_from_dict(d) for d in iter_jsonl(run / "requests" / f"{slug}-r{i}.jsonl")] for i in (0, 1)]
+        n = max(4, math.ceil(p.rate_rps * 1.0))                                # max(min_requests, rate x window)
+        assert [len(rs) for rs in reps] == [n, n]
+        assert not {r.request_id for r in reps[0]} & {r.request_id for r in reps[1]}   # disjoint requests
+    stored = read_json(run / "search.json")
+    assert (stored["repeats"], stored["rule"], stored["rate_rps"]) == (2, "all", result.rate_rps)
+    assert [(d["rate_rps"], tuple(d["shares"]), d["meets"]) for d in stored["probes"]] == [
+        (p.rate_rps, p.shares, p.meets) for p in result.probes]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -236,7 +236,12 @@ class SearchSection:
     lo_rps: float = param(0.5, "rate search: lowest rate probed (req/s)", gt=0.0)
     hi_rps: float = param(16.0, "rate search: highest rate probed (req/s)", gt=0.0)
     rel_tol: float = param(0.10, "stop when hi/lo - 1 is at most this", gt=0.0)
-    max_probes: int = param(8, "at most this many probe runs", ge=2)
+    max_probes: int = param(8, "at most this many probed rates", ge=2)
+    repeats: int = param(2, "measured runs of each probed rate, each on its own requests and arrival seed "
+                            "(one warm-up before them); all are recorded", ge=1)
+    rule: Literal["median", "all"] = param("median", "a probed rate meets the SLO when the median of its repeats' "
+                                                     "goodput shares reaches slo.attainment (median), or when every "
+                                                     "repeat's does (all)")
 
     def validate(self) -> None:
         if self.lo_rps >= self.hi_rps:

@@ -163,36 +163,68 @@ def spread(values: Sequence[float], min_repeats: int = 3) -> Spread:
 # the highest request rate that meets the SLO
 
 
+VERDICT_RULES = ("median", "all")
+
+
+@dataclass(frozen=True)
+class Probe:
+    rate_rps: float
+    shares: tuple[float, ...]  # goodput share of each repeat at this rate, in run order
+    meets: bool                # the verdict of `rate_meets_slo` on them
+
+
 @dataclass(frozen=True)
 class RateSearch:
-    rate_rps: float  # highest probed rate whose goodput share >= target; 0.0 if even `lo` misses
-    share_at_rate: float
-    probes: tuple[tuple[float, float], ...]  # (rate, goodput share) in probe order
+    rate_rps: float  # highest probed rate that meets the SLO by `rule`; 0.0 if even `lo` misses
+    share_at_rate: float  # the statistic the rule judged there: the median share, or the lowest under "all"
+    probes: tuple[Probe, ...]  # in probe order, every repeat's share kept
+    rule: str = "median"
 
 
-def find_max_rate(run_at_rate: Callable[[float], float], slo: SLO, lo_rps: float, hi_rps: float,
-                  rel_tol: float = 0.05, max_probes: int = 12) -> RateSearch:
-    """The highest request rate whose goodput share is >= slo.attainment, by bisection on log(rate) (midpoint
-    = geometric mean), assuming the share falls as the rate rises. `run_at_rate(rate)` runs a load and
-    returns its goodput share (`summarize(...).goodput_share` at that `slo`). Stops when hi/lo - 1 <= rel_tol
-    or after max_probes runs."""
+def verdict_share(shares: Sequence[float], rule: str) -> float:
+    """The one number a probe is judged by. "median": the median of its repeats' goodput shares (with 2 repeats
+    their mean), so one unlucky repeat cannot sink a rate that meets the SLO on the whole; "all": the lowest
+    share, so the rate meets the SLO only if every repeat does (conservative: the found rate falls as repeats
+    are added, since each adds a chance to miss)."""
+    if rule not in VERDICT_RULES:
+        raise ValueError(f"rate search rule {rule!r}; allowed: {', '.join(VERDICT_RULES)}")
+    if not shares:
+        raise ValueError("rate search: a probe with no repeats")
+    return float(np.median(shares)) if rule == "median" else float(min(shares))
+
+
+def rate_meets_slo(shares: Sequence[float], attainment: float, rule: str) -> bool:
+    """A probed rate meets the SLO iff `verdict_share` of its repeats is >= attainment (the 90% of the SLO)."""
+    return verdict_share(shares, rule) >= attainment
+
+
+def find_max_rate(run_at_rate: Callable[[float], float | Sequence[float]], slo: SLO, lo_rps: float, hi_rps: float,
+                  rel_tol: float = 0.05, max_probes: int = 12, rule: str = "median") -> RateSearch:
+    """The highest request rate that meets the SLO, by bisection on log(rate) (midpoint = geometric mean),
+    assuming the share falls as the rate rises. `run_at_rate(rate)` runs the load (its repeats) and returns the
+    goodput share of each repeat (`summarize(...).goodput_share` at that `slo`), or one share for one run;
+    `rate_meets_slo` with `rule` judges them. Stops when hi/lo - 1 <= rel_tol or after max_probes probes."""
     if not 0 < lo_rps < hi_rps:
         raise ValueError(f"find_max_rate: need 0 < lo_rps < hi_rps, got {lo_rps}, {hi_rps}")
-    target_share = slo.attainment
-    probes: list[tuple[float, float]] = []
+    verdict_share((1.0,), rule)  # an unknown rule fails before any load is run
+    probes: list[Probe] = []
 
     def probe(rate: float) -> bool:
-        share = run_at_rate(rate)
-        probes.append((rate, share))
-        return share >= target_share
+        out = run_at_rate(rate)
+        shares = (float(out),) if isinstance(out, (int, float)) else tuple(float(s) for s in out)
+        probes.append(Probe(rate, shares, rate_meets_slo(shares, slo.attainment, rule)))
+        return probes[-1].meets
+
+    def result(rate: float) -> RateSearch:
+        at = next((p for p in probes if p.rate_rps == rate), probes[0])
+        return RateSearch(rate, verdict_share(at.shares, rule), tuple(probes), rule)
 
     if not probe(lo_rps):
-        return RateSearch(0.0, probes[0][1], tuple(probes))
+        return result(0.0)
     if probe(hi_rps):
-        return RateSearch(hi_rps, probes[1][1], tuple(probes))
+        return result(hi_rps)
     good, bad = lo_rps, hi_rps
     while bad / good - 1 > rel_tol and len(probes) < max_probes:
         mid = math.sqrt(good * bad)  # geometric: rates worth probing span orders of magnitude
         good, bad = (mid, bad) if probe(mid) else (good, mid)
-    share = next(s for r, s in probes if r == good)
-    return RateSearch(good, share, tuple(probes))
+    return result(good)

@@ -444,6 +444,7 @@ def measure_point(setup: Setup, server: RunningServer, point: Point, reqs: Point
         notes.append(_failure_note(results))
         runs.append(results)
     figures, spreads = aggregate(per_repeat)
+    prov["repeat_figures"] = [asdict(f) for f in per_repeat]  # in run order: the rate search judges these
     prov.update(measured_load(runs, [r for rep in reqs.repeats for r in rep], setup.cfg.workload.ignore_eos))
     return Row(point.key, "ok", figures, spreads, "; ".join(n for n in notes if n), prov)
 
@@ -575,27 +576,35 @@ def render(rd: RunDir) -> dict[str, Path]:
 
 
 def run_search(cfg: ServeConfig, engine: str = "", tp: int = 0, echo: Echo = print) -> RateSearch:
-    """Bisect on the request rate (metrics.find_max_rate); each probe is one open-loop run, kept as a row."""
+    """Bisect on the request rate (metrics.find_max_rate). Each probe is one row: a warm-up, then search.repeats
+    open-loop runs on disjoint slices of one request pool (the same slices at every rate, so the probes differ
+    in rate alone); search.rule judges the repeats' goodput shares (metrics.rate_meets_slo)."""
     engine, tp = engine or cfg.engine.names[0], tp or cfg.sweep.plans()[0].tp
-    s = cfg.search
-    shape = cfg.sweep.gamma_shape
-    pool = sample_pool(cfg, pool_size(cfg, [Point(RowKey(engine, tp, 0), s.hi_rps, shape)], 1))
+    s, shape = cfg.search, cfg.sweep.gamma_shape
+    pool = sample_pool(cfg, pool_size(cfg, [Point(RowKey(engine, tp, 0), s.hi_rps, shape)], s.repeats))
     setup = make_setup(cfg)
     reason = fit_failure(setup, engine, tp)
     if reason:
         raise ConfigError(f"rate search at {engine} TP={tp}: won't fit: {reason}")
+    setup.rd.log_event("search_start", engine=engine, tp=tp, repeats=s.repeats, rule=s.rule)
     with open_server(setup, engine, tp) as server:
         prov = server_provenance(setup, server, engine, tp)
 
-        def share_at(rate: float) -> float:
+        def shares_at(rate: float) -> list[float]:
             point = Point(RowKey(engine, tp, 0), rate, shape)
-            reqs = split_pool(pool, warmup_requests(cfg, point), requests_per_repeat(cfg, point), 1)
+            reqs = split_pool(pool, warmup_requests(cfg, point), requests_per_repeat(cfg, point), s.repeats)
             row = measure_point(setup, server, point, reqs, echo, prov)
             record_row(setup, row, echo)
-            return row.figures.goodput_share if row.status == "ok" else 0.0
-        result = find_max_rate(share_at, setup.slo, s.lo_rps, s.hi_rps, s.rel_tol, s.max_probes)
-    write_json(setup.rd.path / "search.json", {"engine": engine, "tp": tp, **asdict(result),
-                                                "slo": asdict(setup.slo)})
+            if row.status != "ok":  # no request of some repeat succeeded: the rate fails on every repeat
+                return [0.0] * s.repeats
+            return [f["goodput_share"] for f in row.provenance["repeat_figures"]]
+        result = find_max_rate(shares_at, setup.slo, s.lo_rps, s.hi_rps, s.rel_tol, s.max_probes, s.rule)
+    write_json(setup.rd.path / "search.json", search_record(result, engine, tp, s.repeats, setup.slo))
     setup.rd.log_event("search_done", engine=engine, tp=tp, rate_rps=result.rate_rps)
     render(setup.rd)
     return result
+
+
+def search_record(result: RateSearch, engine: str, tp: int, repeats: int, slo: SLO) -> dict[str, Any]:
+    """search.json: the found rate, the rule and every probe with each repeat's share (the rows hold the rest)."""
+    return {"engine": engine, "tp": tp, "repeats": repeats, **asdict(result), "slo": asdict(slo)}
