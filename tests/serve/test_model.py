@@ -246,3 +246,47 @@ def test_a_request_arriving_mid_step_waits_for_the_next():
     assert tr.decoders.tolist() == [0, 2, 1, 1, 1]
     t = np.cumsum(tr.step_s)
     assert tr.ttft_s[2] == pytest.approx(t[3] - t[1])    # sent at the end of step 1, first token at the end of 3
+
+
+# ---------------------------------------------------------------------------------------------
+# open loop: requests sent at given times
+
+
+def test_an_open_loop_request_waits_only_for_the_engine_not_for_a_client():
+    """Two 100-token prompts with 2 output tokens: the second sent 1 s after the first (the engine long idle
+    again) is served alone; sent at the same instant as the first, both share the prefill step, exactly as a
+    closed loop of 2 clients sends them."""
+    sm = step_model(TOY, "h200", 1, 0.9, CAL)
+    prompts, outputs = np.array([100.0, 100.0]), np.array([2.0, 2.0])
+    r = 0.004
+    spaced = simulate_run(sm, prompts, outputs, 0, 8, 8192, 0.99, r, send_times=np.array([5.0, 6.0]))
+    pre, dec = sm.scalar_step_s(0, 0.0, 100, 100 * 101 / 2), sm.scalar_step_s(1, 101.0, 0, 0)
+    assert spaced.step_s.tolist() == pytest.approx([pre, dec, pre, dec])
+    assert spaced.ttft_s.tolist() == pytest.approx([r + pre, r + pre])     # each TTFT from its own send
+    assert spaced.duration_s == pytest.approx(1.0 + r + pre + dec)        # from the first send (t = 5 s)
+    at_once = simulate_run(sm, prompts, outputs, 0, 8, 8192, 0.99, r, send_times=np.zeros(2))
+    closed = simulate_run(sm, prompts, outputs, 2, 8, 8192, 0.99, r)
+    assert at_once.step_s.tolist() == pytest.approx(closed.step_s.tolist())
+    assert at_once.ttft_s.tolist() == pytest.approx(closed.ttft_s.tolist())
+
+
+def test_predicted_open_loop_rows_fall_past_the_engines_capacity():
+    """The 7B on one H200, 60 ShareGPT-like requests per repeat at Poisson send times: every request meets the
+    SLO at 1 req/s; at 1000 req/s (all 60 at once, in effect) prompts queue behind each other and their chunks,
+    merged into the decode steps, stretch the gaps: TTFT rises and the goodput share falls below 90%."""
+    from scalelab.serve.model import predict_open_row
+    from scalelab.serve.workload import arrival_times
+    m = get_model("qwen2.5-7b")
+    rng = np.random.default_rng(0)
+    prompts, outputs = rng.integers(100, 2000, 120).tolist(), rng.integers(100, 500, 120).tolist()
+    rows = {}
+    for rate in (1.0, 1000.0):
+        times = [arrival_times(60, rate, seed) for seed in (1, 2)]
+        rows[rate] = predict_open_row(m, "h200", RowKey("vllm", 1, 0), prompts, outputs, times, SLO(), 0.9, 3.5, CAL)
+    light, flood = rows[1.0].figures, rows[1000.0].figures
+    assert rows[1.0].status == "predicted" and "2 simulated repeats of 60 requests" in rows[1.0].note
+    assert light.goodput_share == 1.0 and flood.goodput_share < 0.9
+    assert flood.ttft_p99_ms > 10 * light.ttft_p99_ms and flood.itl_p99_ms > 10 * light.itl_p99_ms
+    assert flood.throughput_tok_s > 5 * light.throughput_tok_s             # a full batch against a trickle
+    with pytest.raises(ValueError, match="120 requests for 60 send times"):
+        predict_open_row(m, "h200", RowKey("vllm", 1, 0), prompts, outputs, [np.zeros(60)], SLO(), 0.9, 3.5, CAL)

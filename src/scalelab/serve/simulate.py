@@ -68,13 +68,17 @@ def _arrivals(t: float, idle: bool, pending: deque, queue: deque) -> float:
 
 
 def simulate_run(sm: StepModel, prompts: np.ndarray, outputs: np.ndarray, batch: int, max_running: int,
-                 budget: int, quantile: float, request_overhead_s: float = 0.0) -> RunTrace:
+                 budget: int, quantile: float, request_overhead_s: float = 0.0,
+                 send_times: np.ndarray | None = None) -> RunTrace:
     """All requests through a closed loop of `batch` clients: the first `batch` are sent at t = 0, each later
-    one when another finishes; each reaches the engine request_overhead_s after it is sent."""
+    one when another finishes; or, given send_times (ascending), an open loop: request i is sent at
+    send_times[i] whatever the engine's state. Each reaches the engine request_overhead_s after it is sent."""
     n = len(prompts)
     sent, first, start = np.zeros(n), np.zeros(n), np.zeros(n, dtype=int)
-    nxt = min(batch, n)
-    pending = deque((request_overhead_s, i) for i in range(nxt))     # (engine arrival time, request), in order
+    nxt = min(batch, n) if send_times is None else n                 # an open loop sends nothing on a finish
+    if send_times is not None:
+        sent = np.asarray(send_times, dtype=float) - float(send_times[0])   # the client's clock starts at its first
+    pending = deque((sent[i] + request_overhead_s, i) for i in range(nxt))  # (engine arrival time, request)
     queue, prefilling, finishing = deque(), [], []
     e, t, steps, decs = _Engine(), 0.0, [], []
     while e.finished < n:
@@ -106,6 +110,21 @@ def simulate_run(sm: StepModel, prompts: np.ndarray, outputs: np.ndarray, batch:
                 e.d, e.ctx_sum = e.d + 1, e.ctx_sum + prompts[i] + 1
                 heapq.heappush(finishing, (k + int(outputs[i]) - 1, i))
     return _trace(np.array(steps), np.array(decs), first - sent, start, outputs, quantile, t)
+
+
+def simulated_open_figures(sm: StepModel, lens: Lengths, key: RowKey, send_times: list[np.ndarray], max_running: int,
+                           budget: int, slo: SLO, request_overhead_s: float = 0.0) -> RowFigures:
+    """Mean over an open loop's repeats: repeat j is the next len(send_times[j]) requests sent at those times,
+    each starting on an idle engine (the sweep waits for a repeat's last request before the next one)."""
+    per_run, lo = [], 0
+    for times in send_times:
+        sl = slice(lo, lo + len(times))
+        tr = simulate_run(sm, lens.prompts[sl], lens.outputs[sl], 0, max_running, budget, slo.itl_quantile,
+                          request_overhead_s, np.asarray(times))
+        per_run.append(trace_figures(tr, key.tp, slo))
+        lo += len(times)
+    names = [f.name for f in dataclasses.fields(RowFigures)]
+    return RowFigures(*(float(np.mean([getattr(f, n) for f in per_run])) for n in names))
 
 
 def _fast_forward(sm: StepModel, e: _Engine, n: int, t: float, steps: list, decs: list) -> float:

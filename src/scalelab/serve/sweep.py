@@ -32,7 +32,7 @@ from scalelab.calc.presets import get_model
 from scalelab.core.config import ConfigError, read_toml, to_dict
 from scalelab.core.engines import EngineError, EngineSpec, RunningServer, log_tail
 from scalelab.core.hardware import resolve_hardware
-from scalelab.core.jsonio import append_jsonl, is_stored, write_json
+from scalelab.core.jsonio import append_jsonl, is_stored, read_json, write_json
 from scalelab.core.net import free_port
 from scalelab.core.readers import SourceError
 from scalelab.core.rundir import RunDir
@@ -43,8 +43,9 @@ from scalelab.serve.fit import check_fit, engine_limits
 from scalelab.serve.metrics import SLO, RateSearch, cost_per_1m_output, find_max_rate, measured, spread, summarize
 from scalelab.serve.modeldir import ModelDirError, make_model_dir, spec_from_hf_config
 from scalelab.serve.plots import write_plots
-from scalelab.serve.rows import Row, RowFigures, RowKey
-from scalelab.serve.table import TableHeader, label, latest_rows, point_id, read_rows, write_tables
+from scalelab.serve.rows import Row, RowFigures, RowKey, row_from_dict
+from scalelab.serve.stepmodel import ServeCalibration, calibration_from_dict
+from scalelab.serve.table import TableHeader, label, latest_rows, point_id, rate_rps, read_rows, write_tables
 from scalelab.serve.workload import LengthFilter, Request, arrival_times, sample_sharegpt, synthetic_requests
 
 # The engine flag that bounds its memory share, per engine (the fit check uses the same share).
@@ -275,45 +276,87 @@ def table_header(rd: RunDir) -> TableHeader:
 # predictions (before any server starts)
 
 
+def send_times(cfg: ServeConfig, point: Point, reqs: PointRequests) -> list[np.ndarray]:
+    """The open-loop schedule each repeat of a point is sent at: the seeds measure_point gives _run_load."""
+    return [arrival_times(len(rep), point.rate_rps, cfg.workload.seed + 1 + i, point.gamma_shape)
+            for i, rep in enumerate(reqs.repeats)]
+
+
+def prediction_calibration(cfg: ServeConfig) -> ServeCalibration | None:
+    """model.calibration's constants (a JSON file with a "calibration" record: a report's
+    predictions_calibrated.json), or None for the step model's priors."""
+    if not cfg.model.calibration:
+        return None
+    try:
+        return calibration_from_dict(read_json(cfg.model.calibration)["calibration"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"config field 'model.calibration': {cfg.model.calibration}: {e}") from None
+
+
 def predict_rows(setup: Setup, points: Sequence[Point], requests: dict[Point, PointRequests]) -> list[Row]:
-    """The analytic model's row for every closed-loop point, on that point's exact measured request lengths and
-    in its protocol: runs of requests_per_repeat requests, each starting `batch` of them at once."""
-    cfg, out = setup.cfg, []
+    """The analytic model's row for every point, on that point's exact measured request lengths and in its
+    protocol: closed-loop runs of requests_per_repeat requests each starting `batch` of them at once, or
+    open-loop repeats sent at the very times the sweep will send them."""
+    cfg, out, cal = setup.cfg, [], prediction_calibration(setup.cfg)
+    args = (setup.slo, cfg.engine.gpu_memory_utilization, setup.header.usd_per_gpu_hour, cal)
     for p in points:
-        if p.rate_rps is not None:
-            continue  # the analytic model predicts fixed-concurrency rows only
         reqs = [r for rep in requests[p].repeats for r in rep]
-        out.append(analytic_model.predict_row(
-            setup.spec, setup.header.hardware_key, p.key, [r.prompt_tokens for r in reqs],
-            [r.output_tokens for r in reqs], setup.slo, cfg.engine.gpu_memory_utilization,
-            setup.header.usd_per_gpu_hour, requests_per_run=requests_per_repeat(cfg, p)))
+        prompts, outputs = [r.prompt_tokens for r in reqs], [r.output_tokens for r in reqs]
+        if p.rate_rps is None:
+            out.append(analytic_model.predict_row(setup.spec, setup.header.hardware_key, p.key, prompts, outputs,
+                                                  *args, requests_per_run=requests_per_repeat(cfg, p)))
+            continue
+        row = analytic_model.predict_open_row(setup.spec, setup.header.hardware_key, p.key, prompts, outputs,
+                                              send_times(cfg, p, requests[p]), *args)
+        out.append(dataclasses.replace(row, provenance={**row.provenance, "load": p.load}))
     return out
 
 
-def predicted_ids(predictions: dict[str, Any]) -> set[tuple[str, int, int]]:
-    return {(d["key"]["engine"], d["key"]["tp"], d["key"]["batch"]) for d in predictions.get("rows", [])}
+def predicted_ids(predictions: dict[str, Any]) -> set[tuple]:
+    return {point_id(row_from_dict(d)) for d in predictions.get("rows", [])}
+
+
+def predicted_knees(rows: Sequence[dict[str, Any]], attainment: float) -> list[dict[str, Any]]:
+    """Per (engine, TP) of an open-loop ladder: the knee (the lowest predicted rate whose goodput share falls
+    below slo.attainment; None when every rate meets it) and the highest rate that meets it below the knee."""
+    ladders: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for d in rows:
+        r = row_from_dict(d)
+        if rate_rps(r) is not None and r.status == "predicted":
+            ladders.setdefault((r.key.engine, r.key.tp), []).append((rate_rps(r), r.figures.goodput_share))
+    out = []
+    for (engine, tp), ladder in sorted(ladders.items()):
+        ladder.sort()
+        knee = next((x for x, share in ladder if share < attainment), None)
+        below = [x for x, _ in ladder if knee is None or x < knee]
+        out.append({"engine": engine, "tp": tp, "knee_rps": knee, "max_rate_meeting_slo_rps": max(below, default=None),
+                    "ladder": [{"rate_rps": x, "goodput_share": share} for x, share in ladder]})
+    return out
 
 
 def write_predictions(setup: Setup, points: Sequence[Point], requests: dict[Point, PointRequests]) -> None:
-    """Every closed-loop point has its prediction on file before it is measured. The first run writes them all;
-    a resumed run whose config adds points predicts just those, keeps the rows on file as they are, and rewrites
-    the file (logged as "predictions_extended" with its new sha256) before any server starts."""
-    rd = setup.rd
+    """Every point has its prediction on file before it is measured, the open-loop ladder's knee with them. The
+    first run writes them all; a resumed run whose config adds points predicts just those, keeps the rows on file
+    as they are, and rewrites the file (logged as "predictions_extended" with its new sha256) before any server
+    starts."""
+    rd, attainment = setup.rd, setup.cfg.slo.attainment
     if not is_stored(rd.path / "predictions.json"):
-        rows = predict_rows(setup, points, requests)
+        rows = [r.to_dict() for r in predict_rows(setup, points, requests)]
         rd.write_predictions({"hardware": setup.header.hardware_key, "model": setup.spec.name,
-                              "slo": {"ttft_s": setup.slo.ttft_s, "itl_s": setup.slo.itl_s},
+                              "slo": {"ttft_s": setup.slo.ttft_s, "itl_s": setup.slo.itl_s, "attainment": attainment},
                               "output_lengths": OUTPUT_LENGTHS[setup.cfg.workload.ignore_eos],
-                              "rows": [r.to_dict() for r in rows]})
+                              "calibration_file": setup.cfg.model.calibration, "rows": rows,
+                              "knees": predicted_knees(rows, attainment)})
         return
     data = rd.read("predictions.json")
     have = predicted_ids(data)
-    new = [p for p in points if p.rate_rps is None and p.id[:3] not in have]
+    new = [p for p in points if p.id not in have]
     if not new:
         return
     rows = predict_rows(setup, new, requests)
     data["rows"] = data.get("rows", []) + [r.to_dict() for r in rows]
-    data["extended"] = data.get("extended", []) + [{"time_unix": time.time(), "rows": [r.key.label for r in rows]}]
+    data["knees"] = predicted_knees(data["rows"], attainment)
+    data["extended"] = data.get("extended", []) + [{"time_unix": time.time(), "rows": [label(r) for r in rows]}]
     rd.write_predictions(data, event="predictions_extended")
 
 

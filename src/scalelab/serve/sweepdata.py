@@ -86,7 +86,9 @@ def load_sweep(run_dir: str | Path) -> SweepData:
         raise ValueError(f"{cfg_path}: invalid TOML: {e}") from None
     prov = read_json(_need(run_dir, "provenance.json", "versions, hardware and command of the sweep"))
     table = run_dir / "table.md"
-    return SweepData(run_dir, config, prov if isinstance(prov, dict) else {}, read_predicted(run_dir),
+    # the report scores the closed-loop predictions; the open-loop ones and their knee stay in predictions.json
+    predicted = tuple(r for r in read_predicted(run_dir) if not open_loop(r))
+    return SweepData(run_dir, config, prov if isinstance(prov, dict) else {}, predicted,
                      read_measured(run_dir), table.read_text() if table.is_file() else None)
 
 
