@@ -1,0 +1,103 @@
+"""bench/gpu_serve_open_loop.sh and its helper bench/serve_open_loop.py on CPU: the H200 open-loop configs load and
+their pools fit the carried ShareGPT head, the knee and the search bracket read from a ladder folder, and the
+script's commands under DRY_RUN=1 (nothing launched, no GPU)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalelab.core.config import dump_toml
+from scalelab.core.jsonio import append_jsonl, read_json, write_json
+from scalelab.serve.config import load_serve_config
+from scalelab.serve.rows import Row, RowFigures, RowKey
+from scalelab.serve.sweep import Point, plan_points, pool_size
+from tests.bench_script import load_bench
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "gpu_serve_open_loop.sh"
+H200_CONFIGS = ("h200-7b-open-loop.toml", "h200-qwen05-open-loop.toml")
+HEAD_REQUESTS = 2141  # first exchanges of the packaged ShareGPT file passing 100-2,000 / 100-500 tokens (prep)
+
+
+@pytest.mark.parametrize("name", H200_CONFIGS)
+def test_the_h200_open_loop_configs_load_and_their_pools_fit_the_carried_head(name):
+    cfg = load_serve_config(REPO / "configs" / "serve" / name)
+    assert cfg.sweep.mode == "rate" and len(cfg.sweep.rates) >= 6 and cfg.sweep.repeats >= 3
+    assert cfg.sweep.gamma_shape == 1.0 and cfg.search.repeats == 2 and cfg.engine.gpu_memory_utilization == 0.9
+    assert (REPO / f"{cfg.model.calibration}.gz").is_file() or (REPO / cfg.model.calibration).is_file()
+    # the ladder, and the search at its top bracket, draw at most the head's requests (sample_pool would refuse)
+    assert pool_size(cfg, plan_points(cfg), cfg.sweep.repeats) <= HEAD_REQUESTS
+    top = Point(RowKey("vllm", 1, 0), cfg.search.hi_rps, 1.0)
+    assert pool_size(cfg, [top], cfg.search.repeats) <= HEAD_REQUESTS
+    assert cfg.workload.ignore_eos is (name == "h200-7b-open-loop.toml")  # dummy weights ignore EOS, real honour it
+
+
+def ladder_folder(path: Path, shares: dict[float, float], attainment: float = 0.9) -> Path:
+    path.mkdir(parents=True)
+    dump_toml(load_serve_config(None, ["model.path=/m", f"slo.attainment={attainment}"]), path / "config.toml")
+    for rate, share in shares.items():
+        figs = RowFigures(*([1.0] * 5), share, 1.0, 1.0)
+        append_jsonl(path / "rows.jsonl", Row(RowKey("vllm", 1, 0), "ok", figs,
+                                              provenance={"load": {"mode": "rate", "rate_rps": rate}}).to_dict())
+    return path
+
+
+def test_knee_and_bracket_of_a_measured_ladder(tmp_path, capsys):
+    ol = load_bench("serve_open_loop")
+    run = ladder_folder(tmp_path / "a", {6.0: 1.0, 16.0: 0.95, 26.0: 0.5, 34.0: 0.92, 40.0: 0.1})
+    assert ol.knee(run) == 26.0                                   # the lowest below 90%, not a later recovery
+    assert ol.bracket(run, 2.0, 64.0) == (16.0, 26.0)
+    every = ladder_folder(tmp_path / "b", {6.0: 1.0, 16.0: 0.95})
+    assert ol.knee(every) == 16.0 and "the highest stands in" in capsys.readouterr().err
+    assert ol.bracket(every, 2.0, 64.0) == (16.0, 24.0)           # 1.5 x the top rate
+    first = ladder_folder(tmp_path / "c", {6.0: 0.3, 16.0: 0.1})
+    assert ol.knee(first) == 6.0 and ol.bracket(first, 2.0, 64.0) == (2.0, 6.0)   # the config's lo below it
+    bare = ladder_folder(tmp_path / "d", {})
+    write_json(bare / "predictions.json", {"knees": [{"knee_rps": 40.0, "max_rate_meeting_slo_rps": 34.0}]})
+    assert ol.knee(bare) == 40.0 and ol.bracket(bare, 2.0, 64.0) == (2.0, 64.0)
+
+
+def dry(tmp_path: Path, parts: str) -> str:
+    env = {**os.environ, "DRY_RUN": "1", "PY": sys.executable, "RUNS": str(tmp_path / "runs"),
+           "MODEL_7B": str(tmp_path / "qwen2.5-7b"), "PARTS": parts, "PORT": "8123"}
+    out = subprocess.run(["bash", str(SCRIPT), "work"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "failed" not in out.stdout, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_the_gpu_script_parses_and_its_dry_run_prints_each_parts_command(tmp_path):
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    # a ladder already measured (a resumed or restored folder): the swaps run at its knee, the search between
+    ladder_folder(tmp_path / "runs" / "7b-ladder", {6.0: 1.0, 16.0: 0.99, 26.0: 0.97, 34.0: 0.6, 40.0: 0.2})
+    out = dry(tmp_path, "7b-ladder 7b-gamma 7b-eos 7b-search")
+    lines = out.splitlines()
+    engine = next(ln for ln in lines if "vllm.entrypoints.openai.api_server" in ln)
+    assert f"--model {tmp_path / 'qwen2.5-7b'}" in engine and "--load-format dummy" in engine
+    assert "--port 8123" in engine and "--max-num-seqs 256" in engine and "--no-enable-prefix-caching" in engine
+    assert sum("api_server" in ln for ln in lines) == 1           # one engine for every 7B part
+    server = read_json(tmp_path / "runs" / "servers" / "7b" / "server.json")
+    assert " ".join(server["command"]) == engine and server["env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert (tmp_path / "qwen2.5-7b" / "config.json").is_file()     # the dummy folder the engine and sweeps share
+    sweeps = [ln for ln in lines if ln.startswith("+ ") and "scalelab.cli serve" in ln]
+    assert len(sweeps) == 4
+    url = 'engine.url=\\"http://127.0.0.1:8123\\"'
+    assert all(url in ln and f'model.path=\\"{tmp_path / "qwen2.5-7b"}\\"' in ln for ln in sweeps)
+    assert 'run.name=\\"7b-ladder\\"' in sweeps[0] and "sweep.rates" not in sweeps[0]
+    assert "sweep.rates=\\[34\\]" in sweeps[1] and "sweep.arrival_cv=1.4142135623730951" in sweeps[1]
+    assert "sweep.rates=\\[34\\]" in sweeps[2] and "workload.ignore_eos=false" in sweeps[2]
+    assert "serve search" in sweeps[3] and "search.lo_rps=26 --set search.hi_rps=34" in sweeps[3]
+
+
+def test_the_gpu_script_refuses_an_unknown_verb_or_part(tmp_path):
+    out = subprocess.run(["bash", str(SCRIPT), "nonsense"], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2 and "usage:" in out.stderr
+    assert "7b-nonsense failed" in subprocess.run(
+        ["bash", str(SCRIPT), "work"], cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "DRY_RUN": "1", "PY": sys.executable, "RUNS": str(tmp_path), "PARTS": "7b-nonsense",
+             "MODEL_7B": str(tmp_path / "m")}).stdout
