@@ -20,6 +20,16 @@
 #   bash bench/gpu_serve_open_loop.sh poll SECONDS       wait up to SECONDS (or until work ends), pack $OUT/serve.tgz
 #   bash bench/gpu_serve_open_loop.sh work               the parts in order, in the foreground
 #   DRY_RUN=1 bash bench/gpu_serve_open_loop.sh work     print every command instead of running it (CPU-safe)
+# One session, calls back to back (bench/TRANSFER.md; the chunk count is what prep prints, 11 on 2026-12-02):
+#   here:  bash ../shared/gpu/vllm-bundle/build.sh && PY=.venv/bin/python bash bench/gpu_serve_open_loop.sh prep
+#   call (carry .gpu-bundle):  bash bench/gpu_serve_open_loop.sh bundle
+#   each chunk i but the last: here `PYTHONPATH=src python -m scalelab.core.chunks stage /tmp/serve-chunks $i
+#          .gpu-chunks`, then a call (carry .gpu-chunks): mkdir -p /tmp/chunks && cp .gpu-chunks/* /tmp/chunks/
+#   the last chunk's call:  mkdir -p /tmp/chunks && cp .gpu-chunks/* /tmp/chunks/ &&
+#          bash bench/gpu_serve_open_loop.sh setup /tmp/chunks && SCALELAB_GIT_SHA=<sha> bash bench/gpu_serve_open_loop.sh launch
+#   then, until "work done":  bash bench/gpu_serve_open_loop.sh poll 540     (each call brings back $OUT/serve.tgz)
+# On a fresh machine later: carry the last serve.tgz (in .gpu-chunks or small enough as is), `restore` it after
+# setup, and launch with PARTS naming what is left; finished rows are skipped.
 # env: OUT (/tmp/out), RUNS (/tmp/serve-runs), DATA (/tmp/serve-data), PORT (8100), PY (python3),
 #      MODEL_7B (/tmp/models/qwen2.5-7b: the 7B's dummy folder, made once, shared by the engine and the sweeps),
 #      PARTS (default below), GAMMA_CV (sqrt 2: the burstiness 0.5, gamma shape 1/CV^2),
