@@ -8,7 +8,7 @@
 #                                                    model.gguf, whl/ with the wheels the image lacks, data.tar.xz
 #                                                    with the evaluation sets), install, dequantize the model
 #   bash bench/gpu_grpo_real.sh launch               start `work` in a session of its own (it outlives the call)
-#   bash bench/gpu_grpo_real.sh poll SECONDS         wait up to SECONDS (or until work ends), copy results to $OUT
+#   bash bench/gpu_grpo_real.sh poll SECONDS         wait up to SECONDS (or until work ends), results to $OUT/runs.tgz
 # Every part resumes (run checkpoints, per-task battery records), so `work` run again continues a cut-off window.
 #   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), WORK_S (default 1140), SEED (default 0),
 #        LRS (default "2e-5 5e-5"), PARTS (default "battery recipe collapse"), SCALELAB_GIT_SHA (the commit, as
@@ -70,8 +70,9 @@ recipe() {  # one run per learning rate, side by side on the GPU (vLLM engines s
 }
 
 collapse() {  # the shipped recipe on the real model (as a new user ran it), then the same with the format gated
+  # 0.12: at 0.08, started beside three running engines, vLLM found "No available memory for the cache blocks"
   local common=(--config "$SHIPPED" --set model.name="\"$NAME\"" --set rollout.engine='"vllm_colocated"'
-                --set model.lora.enabled=false --set rollout.server.gpu_memory_utilization=0.08
+                --set model.lora.enabled=false --set rollout.server.gpu_memory_utilization=0.12
                 --set optim.micro_batch_size=8 --set train.max_steps=10 --set train.checkpoint_every=5
                 --set rollout.server.tensor_parallel=1 --set rollout.server.gpus="\"\"" --set train.seed=$SEED
                 --set run.out_dir="\"$RUNS\"")
@@ -86,18 +87,10 @@ battery() {  # the base model's battery (resumable per task): multiple choice th
     --lm-eval-batch-size 8 >> "$LOGS/battery.log" 2>&1
 }
 
-pack() {  # every run folder without weights or engine files; the adapter's sha256 stands for it
-  local d
-  for d in "$RUNS"/*/; do
-    d=$(basename "$d")
-    mkdir -p "$OUT/runs/$d"
-    tar -C "$RUNS/$d" --exclude='checkpoint*' --exclude=weights --exclude='*.safetensors' --exclude=rollout \
-      -cf - . | tar -C "$OUT/runs/$d" -xf -
-    find "$RUNS/$d" -maxdepth 2 \( -name '*.safetensors' -o -name 'checkpoint-*.pt' \) -exec sha256sum {} + \
-      > "$OUT/runs/$d/weights.sha256" 2>/dev/null
-  done
+pack() {  # every run folder without weights or engine files, as one archive: a call brings back only so many files
+  tar -czf "$OUT/runs.tgz.tmp" -C "$RUNS" --exclude='checkpoint*' --exclude=weights --exclude='*.safetensors' \
+    --exclude='*.pt' --exclude=rollout . && mv "$OUT/runs.tgz.tmp" "$OUT/runs.tgz"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.csv" 2>&1
-  git rev-parse HEAD > "$OUT/git_sha" 2>/dev/null || true
 }
 
 work() {
@@ -111,7 +104,6 @@ poll() {  # $1 = seconds to wait at most
   local until=$((SECONDS + $1))
   while [ $SECONDS -lt "$until" ] && [ ! -f "$RUNS/work.done" ]; do sleep 10; done
   pack
-  cp -r "$LOGS" "$OUT/logs" 2>/dev/null
   for f in "$LOGS"/*.log; do echo "== $(basename "$f")"; grep -E "^step|held-out|budget|rror|wrote|gsm8k|math500" "$f" \
     | tail -3 | cut -c1-220; done
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader

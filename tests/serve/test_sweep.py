@@ -464,14 +464,14 @@ def test_tiny_cpu_open_loop_ladder_and_rate_search_on_real_vllm(tmp_path, vllm_p
 
     # the search under a CPU-sized SLO (2 cores shared with other work miss 100 ms gaps at any rate), so that
     # it most likely bisects; what is asserted holds whichever probes meet it
-    loose = ["slo.ttft_s=10.0", "slo.itl_s=1.0"]
+    loose = ["slo.ttft_s=10.0", "slo.itl_s=1.0", "search.max_probes=2"]  # 2 probes keep CI's share short
     search_cfg = load_serve_config(path, [f"run.out_dir={tmp_path}", "run.name=search", *loose])
     result = run_search(search_cfg, echo=lambda _: None)
     stored = read_json(tmp_path / "search" / "search.json")
     assert stored["repeats"] == 2 and stored["rule"] == "median" and stored["rate_rps"] == result.rate_rps
     probed = read_rows(tmp_path / "search" / "rows.jsonl")
     rates = [p.rate_rps for p in result.probes]
-    assert 1 <= len(rates) <= 4 and rates[0] == 0.5 and (not result.probes[0].meets or rates[1] == 8.0)
+    assert 1 <= len(rates) <= 2 and rates[0] == 0.5 and (not result.probes[0].meets or rates[1] == 8.0)
     assert [r.provenance["load"]["rate_rps"] for r in probed] == [p.rate_rps for p in result.probes]
     for row, p in zip(probed, result.probes):
         assert [d["goodput_share"] for d in row.provenance["repeat_figures"]] == list(p.shares)
