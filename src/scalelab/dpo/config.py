@@ -32,6 +32,9 @@ class DataConfig:
     split: str = param("", "split to load; '' = the source's default (ultrafeedback: train_prefs, hh-rlhf: train)")
     max_pairs: int = param(0, "keep at most this many pairs before the validation split (seeded); 0 = all", ge=0)
     val_fraction: float = param(0.1, "share of prompts held out for validation (split by prompt)", ge=0.0, le=0.9)
+    val_split: Literal["seeded", "hash"] = param(
+        "seeded", "seeded = a seeded permutation of the prompts; hash = a question is held out when the sha256 of "
+                  "its user turns falls below val_fraction: the same questions whatever the seed, order or size")
     strict: bool = param(True, "malformed rows are an error naming file and line; false = skip and count them")
     seed: int = param(0, "seed for subsampling and the validation split")
 
@@ -50,6 +53,10 @@ class VerifierConfig:
     pairs_per_prompt: int = param(2, "most (correct, incorrect) pairs kept per informative prompt", ge=1)
     seed: int = param(0, "seed for prompt choice, sampling and pairing")
     reuse: bool = param(True, "reuse an existing preferences.jsonl whose manifest matches this config")
+    sampler_url: str = param("", "'' = HF generate in the training process; else the base URL of an OpenAI-"
+                                 "compatible vLLM server serving the base model (vLLM on the GPU: n = k samples "
+                                 "per request)")
+    sampler_model: str = param("", "model name the server serves it under; '' = model.name")
 
     def validate(self) -> None:
         if not isinstance(self.task_options, dict):
