@@ -153,6 +153,8 @@ class BatteryConfig:
     source: Literal["local", "hub"] = param("local", "local = our lm-eval YAMLs on data_dir's copies; "
                                                      "hub = lm-eval's own tasks, data from the hub")
     mmlu_limit: int = param(0, "MMLU questions per subject (lm-eval limits each of the 57); 0 = all 14,042", ge=0)
+    mmlu_subset: int = param(0, "N > 0: the fixed stratified subset of N MMLU test items (evals.mmlu_subset: the "
+                                "same items for every run, by a hash of each item); 0 = mmlu_limit decides", ge=0)
     mmlu_fewshot: int = param(5, "MMLU exemplars per prompt: 5 is the reported setting (Hendrycks et al. 2021); "
                                  "0 makes prompts ~6x shorter, for CPU demos", ge=0)
     truthfulqa_limit: int = param(0, "TruthfulQA questions, MC1 and MC2 each; 0 = all", ge=0)
@@ -184,6 +186,8 @@ class BatteryConfig:
         if bad or len(set(self.parts)) != len(self.parts):
             raise ConfigError(f"config field 'battery.parts': got {self.parts!r}; allowed: "
                               f"{', '.join(BATTERY_PARTS)}, each at most once")
+        if self.mmlu_subset and (self.mmlu_limit or self.source != "local"):
+            raise ConfigError("config field 'battery.mmlu_subset': needs battery.mmlu_limit = 0 and source = 'local'")
         if "own" in self.parts and not self.own_tasks:
             raise ConfigError("config field 'battery.own_tasks': empty while battery.parts has 'own'")
         if len(set(self.own_tasks)) != len(self.own_tasks):
