@@ -122,6 +122,7 @@ class HubConfig:
     push: bool = param(False, "push the adapter to the HF Hub at the end (token from env HF_TOKEN only)")
     repo_id: str = param("", "hub repo, e.g. user/smollm2-dpo")
     private: bool = param(True, "create the repo as private")
+    endpoint: str = param("", "'' = the Hub (huggingface.co); else the URL of a server speaking its API (a mirror)")
 
     def validate(self) -> None:
         if self.push and not self.repo_id:

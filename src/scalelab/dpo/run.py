@@ -186,7 +186,7 @@ def train_run(cfg: DpoConfig, rd: RunDir) -> dict:
     rd.log_event("train_end", wall_s=time.perf_counter() - t0, adapter_bytes=adapter_bytes)
     plot_margins(this_training(rd, "margins"), rd.figures / "margins.png")
     if cfg.hub.push:
-        pushed = push_folder(rd.path / "adapter", cfg.hub.repo_id, cfg.hub.private)
+        pushed = push_folder(rd.path / "adapter", cfg.hub.repo_id, cfg.hub.private, cfg.hub.endpoint)
         rd.log_event("hub_push", repo_id=pushed.repo_id, url=pushed.url)
     return {"trainer": trainer, "data": data}
 
