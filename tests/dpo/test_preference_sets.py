@@ -222,3 +222,19 @@ def test_real_model_configs_load(shared_data):
     hh = load_dpo_config(root / "qwen2.5-coder-1.5b-hh-h200.toml")
     assert hh.data.source == "hh-rlhf" and not hh.data.strict and hh.data.val_split == "hash"
     assert hh.data.path.endswith("hh-rlhf/harmless-base_test.jsonl.gz")
+
+
+def test_report_states_the_data_counts():
+    from scalelab.dpo.report import data_md
+    hh = {"rows_read": 2312, "path": "hh.jsonl.gz", "skipped": 9, "n_train": 2062, "n_val": 241, "val_split": "hash",
+          "skipped_by_reason": {"dialogues differ before their final turn": 5, "empty final response": 4}}
+    assert data_md(hh) == ["## Preference data", "", "2312 rows read from `hh.jsonl.gz`, 9 skipped; 2062 train / "
+                           "241 held-out pairs (split: hash).", "- skipped: dialogues differ before their final "
+                           "turn: 5", "- skipped: empty final response: 4", ""]
+    v = {"n_prompts": 4, "samples_per_prompt": 8, "sample_accuracy": 0.375, "prompts_informative": 2,
+         "prompts_all_correct": 1, "prompts_all_wrong": 1,
+         "length_diff": {"n": 2, "mean": 1.0, "median": 1.0, "p10": -3.0, "p90": 5.0, "share_chosen_longer": 0.5}}
+    text = "\n".join(data_md({"rows_read": 2, "path": "p.jsonl", "n_train": 2, "n_val": 0, "verifier": v}))
+    assert "4 questions x 8 samples, sampled accuracy 37.5%; 2 gave pairs, 1 dropped as all right, 1 as all wrong" \
+        in text
+    assert "over 2 pairs: mean +1.0 tokens, median +1.0, p10 -3.0, p90 +5.0; chosen longer in 50%" in text
