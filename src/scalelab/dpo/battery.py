@@ -34,6 +34,7 @@ from typing import Any, Callable
 from scalelab.core.config import to_dict
 from scalelab.core.filelock import file_lock
 from scalelab.core.hfmodel import load_causal_lm, materialize, resolve_device, resolve_dtype, sha256_file
+from scalelab.core.models import cache_root
 from scalelab.core.jsonio import is_stored, read_json, write_json
 from scalelab.core.rundir import RunDir
 from scalelab.dpo import battery_stats as stats
@@ -41,6 +42,7 @@ from scalelab.dpo.config import DpoConfig
 from scalelab.dpo.generate import greedy_generate
 from scalelab.evals import mtbench
 from scalelab.evals.harness import result_dict, run_lm_eval
+from scalelab.evals.mmlu_subset import cached_subset
 from scalelab.evals.tasks import get_task, shared_data_root
 
 BATTERY_VERSION = 1
@@ -75,8 +77,9 @@ def target_task(cfg: DpoConfig) -> tuple[str, dict]:
 def _lm_eval_parts(cfg: DpoConfig, root: str) -> dict[str, Callable[[], list[Part]]]:
     b = cfg.battery
     lm = {"source": b.source, "data_dir": root, "batch_size": b.lm_eval_batch_size}
+    subset = {"mmlu_subset": b.mmlu_subset} if b.mmlu_subset else {}  # absent when off: old records keep their keys
     return {"mmlu": lambda: [Part("mmlu", "lm_eval", {**lm, "tasks": ["mmlu"], "limit": b.mmlu_limit,
-                                                      "num_fewshot": {"mmlu": b.mmlu_fewshot}})],
+                                                      "num_fewshot": {"mmlu": b.mmlu_fewshot}, **subset})],
             "truthfulqa": lambda: [Part("truthfulqa", "lm_eval", {**lm, "tasks": ["truthfulqa_mc1", "truthfulqa_mc2"],
                                                                   "limit": b.truthfulqa_limit})]}
 
@@ -185,7 +188,10 @@ def adapter_sha256(adapter: Path) -> str:
 
 def measure_lm_eval(part: Part, side: Side) -> dict:
     s, (device, dtype) = part.spec, eval_device_dtype(side.cfg)
-    r = run_lm_eval(model_folder(side.cfg), s["tasks"], source=s["source"], data_dir=s["data_dir"],
+    data_dir = s["data_dir"]
+    if s.get("mmlu_subset"):
+        data_dir = cached_subset(data_dir, s["mmlu_subset"], cache_root(side.cfg.model.cache_dir or None))
+    r = run_lm_eval(model_folder(side.cfg), s["tasks"], source=s["source"], data_dir=data_dir,
                     limit=s["limit"] or None, batch_size=s["batch_size"], device=device, dtype=dtype,
                     num_fewshot=s.get("num_fewshot"), peft_path=side.adapter, log_samples=True,
                     request_cache=side.request_cache)

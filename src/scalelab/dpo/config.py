@@ -32,6 +32,9 @@ class DataConfig:
     split: str = param("", "split to load; '' = the source's default (ultrafeedback: train_prefs, hh-rlhf: train)")
     max_pairs: int = param(0, "keep at most this many pairs before the validation split (seeded); 0 = all", ge=0)
     val_fraction: float = param(0.1, "share of prompts held out for validation (split by prompt)", ge=0.0, le=0.9)
+    val_split: Literal["seeded", "hash"] = param(
+        "seeded", "seeded = a seeded permutation of the prompts; hash = a question is held out when the sha256 of "
+                  "its user turns falls below val_fraction: the same questions whatever the seed, order or size")
     strict: bool = param(True, "malformed rows are an error naming file and line; false = skip and count them")
     seed: int = param(0, "seed for subsampling and the validation split")
 
@@ -50,6 +53,10 @@ class VerifierConfig:
     pairs_per_prompt: int = param(2, "most (correct, incorrect) pairs kept per informative prompt", ge=1)
     seed: int = param(0, "seed for prompt choice, sampling and pairing")
     reuse: bool = param(True, "reuse an existing preferences.jsonl whose manifest matches this config")
+    sampler_url: str = param("", "'' = HF generate in the training process; else the base URL of an OpenAI-"
+                                 "compatible vLLM server serving the base model (vLLM on the GPU: n = k samples "
+                                 "per request)")
+    sampler_model: str = param("", "model name the server serves it under; '' = model.name")
 
     def validate(self) -> None:
         if not isinstance(self.task_options, dict):
@@ -115,6 +122,7 @@ class HubConfig:
     push: bool = param(False, "push the adapter to the HF Hub at the end (token from env HF_TOKEN only)")
     repo_id: str = param("", "hub repo, e.g. user/smollm2-dpo")
     private: bool = param(True, "create the repo as private")
+    endpoint: str = param("", "'' = the Hub (huggingface.co); else the URL of a server speaking its API (a mirror)")
 
     def validate(self) -> None:
         if self.push and not self.repo_id:
@@ -146,6 +154,8 @@ class BatteryConfig:
     source: Literal["local", "hub"] = param("local", "local = our lm-eval YAMLs on data_dir's copies; "
                                                      "hub = lm-eval's own tasks, data from the hub")
     mmlu_limit: int = param(0, "MMLU questions per subject (lm-eval limits each of the 57); 0 = all 14,042", ge=0)
+    mmlu_subset: int = param(0, "N > 0: the fixed stratified subset of N MMLU test items (evals.mmlu_subset: the "
+                                "same items for every run, by a hash of each item); 0 = mmlu_limit decides", ge=0)
     mmlu_fewshot: int = param(5, "MMLU exemplars per prompt: 5 is the reported setting (Hendrycks et al. 2021); "
                                  "0 makes prompts ~6x shorter, for CPU demos", ge=0)
     truthfulqa_limit: int = param(0, "TruthfulQA questions, MC1 and MC2 each; 0 = all", ge=0)
@@ -177,6 +187,8 @@ class BatteryConfig:
         if bad or len(set(self.parts)) != len(self.parts):
             raise ConfigError(f"config field 'battery.parts': got {self.parts!r}; allowed: "
                               f"{', '.join(BATTERY_PARTS)}, each at most once")
+        if self.mmlu_subset and (self.mmlu_limit or self.source != "local"):
+            raise ConfigError("config field 'battery.mmlu_subset': needs battery.mmlu_limit = 0 and source = 'local'")
         if "own" in self.parts and not self.own_tasks:
             raise ConfigError("config field 'battery.own_tasks': empty while battery.parts has 'own'")
         if len(set(self.own_tasks)) != len(self.own_tasks):

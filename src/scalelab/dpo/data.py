@@ -18,6 +18,7 @@ A malformed row raises MalformedRow naming its file and line; with strict=False 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -41,14 +42,24 @@ class PreferencePair:
     rejected: list[Message]
     source: str
     id: str
+    meta: dict = field(default_factory=dict)  # e.g. the verifier set's token counts; {} = none
 
     @property
     def prompt_key(self) -> str:
         """Identity of the prompt: pairs sharing it go to the same split."""
         return json.dumps(self.prompt, sort_keys=True, ensure_ascii=False)
 
+    @property
+    def question_key(self) -> str:
+        """The question a pair answers: its user turns' text, whatever system prompt or format asked it."""
+        return "\n\n".join(m["content"].strip() for m in self.prompt if m["role"] == "user")
+
     def to_record(self) -> dict:
-        return asdict(self)
+        """The jsonl record; an empty meta is left out, so sets written before it existed hash the same."""
+        record = asdict(self)
+        if not record["meta"]:
+            del record["meta"]
+        return record
 
     def to_trl(self) -> dict:
         return {"prompt": self.prompt, "chosen": self.chosen, "rejected": self.rejected}
@@ -133,6 +144,16 @@ def _string(row: dict, key: str) -> str:
 # conversational rows (UltraFeedback-binarized, TRL's formats, our own jsonl)
 
 
+def _check_prompt_text(text: Any, prompt: list[Message]) -> None:
+    """UltraFeedback-binarized also gives the prompt as a string: it must be the conversations' last user turn,
+    else the row pairs answers to some other question."""
+    if not isinstance(text, str):
+        return
+    users = [m["content"] for m in prompt if m["role"] == "user"]
+    if not users or users[-1].strip() != text.strip():
+        raise ValueError(f"'prompt' is not the conversations' last user turn: {text[:60]!r}")
+
+
 def conversational_pair(row: dict, source: str, pair_id: str) -> PreferencePair:
     """Explicit prompt (prompt = message list) or implicit (chosen/rejected = whole conversations)."""
     chosen, rejected = _messages(row.get("chosen"), "chosen"), _messages(row.get("rejected"), "rejected")
@@ -142,11 +163,13 @@ def conversational_pair(row: dict, source: str, pair_id: str) -> PreferencePair:
         if chosen[:-1] != rejected[:-1]:
             raise ValueError("chosen and rejected conversations differ before their final message")
         prompt = chosen[:-1]
+        _check_prompt_text(row.get("prompt"), prompt)
     if not prompt:
         raise ValueError("no prompt messages")
     pid = str(row.get("id") or row.get("prompt_id") or pair_id)
+    meta = row.get("meta") if isinstance(row.get("meta"), dict) else {}
     return PreferencePair(prompt, _response(chosen, "chosen"), _response(rejected, "rejected"),
-                          str(row.get("source") or source), pid)
+                          str(row.get("source") or source), pid, meta)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,6 +303,31 @@ def split_by_prompt(pairs: list[PreferencePair], val_fraction: float,
     order = np.random.default_rng(seed).permutation(len(keys))
     val_keys = {keys[i] for i in order[:n_val]}
     return [p for p in pairs if p.prompt_key not in val_keys], [p for p in pairs if p.prompt_key in val_keys]
+
+
+def hash_fraction(key: str) -> float:
+    """A string's place in [0, 1): the first 8 bytes of its sha256 as a fraction of 2**64."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2 ** 64
+
+
+def split_by_hash(pairs: list[PreferencePair], val_fraction: float) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train, val): a question is held out when the hash of its text falls below val_fraction. Unlike a
+    seeded split, the side a question lands on depends on nothing else (no seed, order, subset size or other
+    questions), so a verifier set grown or rebuilt with another seed never moves a held-out question into
+    training, and every run of a sweep holds out the same questions."""
+    val = [p for p in pairs if hash_fraction(p.question_key) < val_fraction]
+    keys = {p.question_key for p in val}
+    return [p for p in pairs if p.question_key not in keys], val
+
+
+def skip_reasons(skipped: list[tuple[str, str]]) -> dict[str, int]:
+    """Skipped rows counted by reason, the parenthesized and after-colon details taken out ("... differ before
+    their final turn (turn 3)" and "(turn 5)" count together), so a report states what each kind of fault cost."""
+    out: dict[str, int] = {}
+    for _, reason in skipped:
+        kind = re.sub(r"\s*\([^)]*\)", "", reason).split(": ", 1)[0]
+        out[kind] = out.get(kind, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def write_pairs_jsonl(path: str | Path, pairs: list[PreferencePair]) -> Path:

@@ -46,15 +46,16 @@ class PushResult:
     url: str
 
 
-def push_folder(folder: str | Path, repo_id: str, private: bool = True,
+def push_folder(folder: str | Path, repo_id: str, private: bool = True, endpoint: str = "",
                 api_factory: Callable[..., object] | None = None) -> PushResult:
-    """Upload a folder (adapter or merged model) to the Hub with the token from HF_TOKEN."""
+    """Upload a folder (adapter or merged model) to the Hub with the token from HF_TOKEN. endpoint '' = the
+    Hub itself; a URL = a server speaking its API (a mirror, or the tests' loopback stand-in)."""
     token = os.environ.get("HF_TOKEN")
     if not token:
         raise RuntimeError("hub push needs the environment variable HF_TOKEN (it is read from there only)")
     if api_factory is None:
         from huggingface_hub import HfApi as api_factory  # lazy: the hub client only for hub ids
-    api = api_factory(token=token)
+    api = api_factory(token=token, **({"endpoint": endpoint} if endpoint else {}))
     api.create_repo(repo_id=repo_id, private=private, exist_ok=True)
     info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message="scalelab dpo adapter")
     return PushResult(repo_id, str(getattr(info, "commit_url", info)))

@@ -154,6 +154,37 @@ def evidence_md(run: RunFiles) -> list[str]:
             render_evidence_table({run.label: results}).rstrip("\n"), "",
             f"Verdict: **{verdict_text(results)}**.", ""]
 
+def verifier_md(v: dict) -> list[str]:
+    """The verifier set's groups: how many questions gave a pair and how many were dropped, and why."""
+    need = ("n_prompts", "samples_per_prompt", "sample_accuracy", "prompts_informative", "prompts_all_correct",
+            "prompts_all_wrong")
+    if any(k not in v for k in need):  # a summary from before these counts were recorded
+        return []
+    lines = [f"Verifier set: {v['n_prompts']} questions x {v['samples_per_prompt']} samples, sampled accuracy "
+             f"{100 * v['sample_accuracy']:.1f}%; {v['prompts_informative']} gave pairs, "
+             f"{v['prompts_all_correct']} dropped as all right, {v['prompts_all_wrong']} as all wrong."]
+    d = v.get("length_diff")
+    if d:
+        lines.append(f"Chosen - rejected length over {d['n']} pairs: mean {d['mean']:+.1f} tokens, median "
+                     f"{d['median']:+.1f}, p10 {d['p10']:+.1f}, p90 {d['p90']:+.1f}; chosen longer in "
+                     f"{100 * d['share_chosen_longer']:.0f}% (DPO's implicit reward sums over tokens, so a "
+                     "systematic difference teaches length).")
+    return lines
+
+
+def data_md(d: dict | None) -> list[str]:
+    if not d:
+        return []
+    lines = ["## Preference data", "",
+             f"{d.get('rows_read')} rows read from `{d.get('path')}`, {d.get('skipped', 0)} skipped; "
+             f"{d.get('n_train')} train / {d.get('n_val')} held-out pairs (split: {d.get('val_split', 'seeded')})."]
+    for reason, n in (d.get("skipped_by_reason") or {}).items():
+        lines.append(f"- skipped: {reason}: {n}")
+    if d.get("verifier"):
+        lines += [""] + verifier_md(d["verifier"])
+    return lines + [""]
+
+
 # ---------------------------------------------------------------------------------------------
 # the whole report
 
@@ -167,7 +198,7 @@ def render_run(run: RunFiles, figures: Sequence[str] = ()) -> str:
              f"`{m.get('name')}`, data source `{d.get('source')}`; {fmt(run.results.get('wall_s'), '{:.0f}')} s from "
              "model load to saved adapter.",
              ""]
-    lines += predictions_md(run) + curves_md(run, figures)
+    lines += data_md(run.data) + predictions_md(run) + curves_md(run, figures)
     if run.battery is None:
         return "\n".join(lines + ["## Regression battery", "", "Not run (battery.enabled = false, or run "
                                   f"`scalelab dpo battery {run.path}`).", ""])

@@ -24,11 +24,12 @@ from scalelab.core.tracking import mirrored_metrics
 from scalelab.dpo import sweep_report
 from scalelab.dpo.battery import run_battery, summary_line
 from scalelab.dpo.config import DpoConfig
-from scalelab.dpo.data import PreferencePair, load_pairs, split_by_prompt, subsample
+from scalelab.dpo.data import PreferencePair, load_pairs, skip_reasons, split_by_hash, split_by_prompt, subsample
 from scalelab.dpo.export import push_folder, write_base_record
 from scalelab.dpo.predict import ModelShape, predict, write_predictions
 from scalelab.dpo.report import write_run_report
 from scalelab.dpo.runfiles import results_from_run, this_training
+from scalelab.dpo.samplers import HFSampler, Sampler, server_sampler
 from scalelab.dpo.verifier_pairs import build_verifier_set, manifest_key, manifest_path, reusable, write_verifier_set
 from scalelab.evals.tasks import get_task
 
@@ -47,14 +48,23 @@ def _print_sampling(done: int, total: int) -> None:
     print(f"sampling: {done}/{total} prompts", flush=True)
 
 
+def make_sampler(cfg: DpoConfig, load_model: Callable[[], tuple]) -> Sampler:
+    """HF generate on the loaded model, or the vLLM server at verifier.sampler_url."""
+    model, tokenizer = load_model()
+    v = cfg.verifier
+    if not v.sampler_url:
+        return HFSampler(model, tokenizer)
+    return server_sampler(v.sampler_url, v.sampler_model or cfg.model.name, model, tokenizer)
+
+
 def verifier_jsonl(cfg: DpoConfig, rd: RunDir, load_model: Callable[[], tuple]) -> tuple[Path, dict]:
     """The verifier-built set for this config: reused when its manifest matches, else sampled and written."""
     path = Path(cfg.data.path) if cfg.data.path else rd.path / "preferences.jsonl"
     key = manifest_key(cfg.model.name, cfg.verifier)
     if not (cfg.verifier.reuse and reusable(path, key)):
-        model, tokenizer = load_model()
         task = get_task(cfg.verifier.task, **cfg.verifier.task_options)
-        pairs, summary = build_verifier_set(model, tokenizer, task, cfg.verifier, on_batch=_print_sampling)
+        pairs, summary = build_verifier_set(make_sampler(cfg, load_model), task, cfg.verifier,
+                                            on_batch=_print_sampling)
         write_verifier_set(path, pairs, summary, key)
         rd.log_event("verifier_set", path=str(path), **asdict(summary))
     manifest = read_json(manifest_path(path))
@@ -75,9 +85,11 @@ def prepare_data(cfg: DpoConfig, rd: RunDir, load_model: Callable[[], tuple]) ->
     if not loaded.pairs:
         raise ValueError(f"no preference pairs from source {d.source!r} ({info['path']})")
     pairs = subsample(loaded.pairs, d.max_pairs, d.seed)
-    train, val = split_by_prompt(pairs, d.val_fraction, d.seed)
+    train, val = (split_by_hash(pairs, d.val_fraction) if d.val_split == "hash"
+                  else split_by_prompt(pairs, d.val_fraction, d.seed))
     info |= {"rows_read": loaded.rows_read, "skipped": loaded.n_skipped, "skipped_first": loaded.skipped[:5],
-             "n_pairs": len(pairs), "n_train": len(train), "n_val": len(val)}
+             "skipped_by_reason": skip_reasons(loaded.skipped), "n_pairs": len(pairs), "n_train": len(train),
+             "n_val": len(val), "val_split": d.val_split}
     return PreparedData(train, val, info)
 
 
@@ -174,7 +186,7 @@ def train_run(cfg: DpoConfig, rd: RunDir) -> dict:
     rd.log_event("train_end", wall_s=time.perf_counter() - t0, adapter_bytes=adapter_bytes)
     plot_margins(this_training(rd, "margins"), rd.figures / "margins.png")
     if cfg.hub.push:
-        pushed = push_folder(rd.path / "adapter", cfg.hub.repo_id, cfg.hub.private)
+        pushed = push_folder(rd.path / "adapter", cfg.hub.repo_id, cfg.hub.private, cfg.hub.endpoint)
         rd.log_event("hub_push", repo_id=pushed.repo_id, url=pushed.url)
     return {"trainer": trainer, "data": data}
 

@@ -73,6 +73,7 @@ class RunFiles:
     margins: list[dict]             # "margins" events since the last fresh start
     step_s_total: float | None      # summed optimizer-step time
     battery: dict | None            # battery/battery.json
+    data: dict | None = None        # the "data" event of the last fresh start: sizes, skips, verifier summary
 
     @property
     def name(self) -> str:
@@ -95,8 +96,9 @@ def load_run(run_dir: str | Path) -> RunFiles:
         raise FileNotFoundError(f"{path}: not a dpo run folder (needs config.toml and metrics.jsonl)")
     rd = RunDir(path)
     steps = this_training(rd, "step")
+    data = this_training(rd, "data", include_start_data=True)
     battery = path / BATTERY_JSON
     return RunFiles(path, read_toml(path / "config.toml", "run config"), results_from_run(path),
                     this_training(rd, "train"), this_training(rd, "margins"),
                     sum(e["step_s"] for e in steps) if steps else None,
-                    read_json(battery) if is_stored(battery) else None)
+                    read_json(battery) if is_stored(battery) else None, data[0] if data else None)

@@ -15,16 +15,16 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 from scalelab.core import provenance
 from scalelab.core.hfmodel import sha256_file
 from scalelab.core.jsonio import is_stored, read_bytes, read_json, write_json
 from scalelab.dpo.config import VerifierConfig
 from scalelab.dpo.data import PreferencePair, write_pairs_jsonl
+from scalelab.dpo.samplers import HFSampler, OnBatch, Sampler
 
 MANIFEST_VERSION = 1
 
@@ -41,40 +41,17 @@ class VerifierSetSummary:
     prompts_informative: int        # at least one right and one wrong answer
     n_pairs: int
     sample_s: float                 # wall time of generation
+    length_diff: dict | None = None  # chosen - rejected tokens over the pairs (length_diff_summary)
 
 
 # ---------------------------------------------------------------------------------------------
-# sampling
+# sampling (dpo.samplers: HF generate here, a vLLM server on the GPU, a scripted one in tests)
 
 
-def _render(tokenizer, prompts: Sequence[list[dict]]) -> dict[str, torch.Tensor]:
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"   # decoder-only: pad on the left to generate
-    try:
-        return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    finally:
-        tokenizer.padding_side = side
-
-
-@torch.no_grad()
 def sample_answers(model, tokenizer, prompts: Sequence[list[dict]], cfg: VerifierConfig,
-                   on_batch: Callable[[int, int], None] | None = None) -> list[list[str]]:
-    """k sampled completions per prompt (HF generate), seeded per batch so a rerun reproduces them.
-    on_batch(prompts done, prompts total) is called after each generate call."""
-    device = next(model.parameters()).device
-    out: list[list[str]] = []
-    for b in range(0, len(prompts), cfg.batch_prompts):
-        enc = _render(tokenizer, prompts[b:b + cfg.batch_prompts]).to(device)
-        torch.manual_seed(cfg.seed * 100_003 + b)
-        gen = model.generate(**enc, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
-                             max_new_tokens=cfg.max_new_tokens, num_return_sequences=cfg.samples_per_prompt,
-                             pad_token_id=tokenizer.pad_token_id)
-        texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        k = cfg.samples_per_prompt
-        out += [[t.strip() for t in texts[i:i + k]] for i in range(0, len(texts), k)]
-        if on_batch:
-            on_batch(len(out), len(prompts))
-    return out
+                   on_batch: OnBatch | None = None) -> list[list[str]]:
+    """k sampled completions per prompt (HF generate), seeded per batch so a rerun reproduces them."""
+    return [[s.text for s in group] for group in HFSampler(model, tokenizer)(prompts, cfg, on_batch)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,31 +62,68 @@ def grade(task, examples: Sequence[Any], completions: Sequence[list[str]]) -> li
     return [[bool(task.score(ex, c).correct) for c in group] for ex, group in zip(examples, completions)]
 
 
+def _distinct(completions: list[str], correct: list[bool], n_tokens: list[int] | None,
+              want: bool) -> list[tuple[str, int | None]]:
+    """(text, tokens) of the distinct completions graded `want`, first occurrence kept."""
+    counts = n_tokens if n_tokens is not None else [None] * len(completions)
+    seen: dict[str, int | None] = {}
+    for c, ok, n in zip(completions, correct, counts):
+        if ok == want:
+            seen.setdefault(c, n)
+    return list(seen.items())
+
+
+def _length_meta(chosen: int | None, rejected: int | None) -> dict:
+    if chosen is None or rejected is None:
+        return {}
+    return {"chosen_tokens": chosen, "rejected_tokens": rejected, "length_diff_tokens": chosen - rejected}
+
+
 def informative_pairs(example, completions: list[str], correct: list[bool], max_pairs: int,
-                      rng: np.random.Generator) -> list[PreferencePair]:
-    """Up to max_pairs distinct (right, wrong) answer pairs for one prompt; none if all right or all wrong."""
-    right = list(dict.fromkeys(c for c, ok in zip(completions, correct) if ok))
-    wrong = list(dict.fromkeys(c for c, ok in zip(completions, correct) if not ok))
+                      rng: np.random.Generator, n_tokens: list[int] | None = None) -> list[PreferencePair]:
+    """Up to max_pairs distinct (right, wrong) answer pairs for one prompt; none if all right or all wrong.
+    With n_tokens (each completion's generated tokens) a pair's meta records chosen - rejected in tokens."""
+    right, wrong = (_distinct(completions, correct, n_tokens, want) for want in (True, False))
     combos = [(i, j) for i in range(len(right)) for j in range(len(wrong))]
     picks = [combos[n] for n in rng.permutation(len(combos))[:max_pairs]]
-    return [PreferencePair(list(example.prompt), [{"role": "assistant", "content": right[i]}],
-                           [{"role": "assistant", "content": wrong[j]}], f"verifier:{example.task}",
-                           f"{example.task}:{example.id}:{i}-{j}") for i, j in sorted(picks)]
+    return [PreferencePair(list(example.prompt), [{"role": "assistant", "content": right[i][0]}],
+                           [{"role": "assistant", "content": wrong[j][0]}], f"verifier:{example.task}",
+                           f"{example.task}:{example.id}:{i}-{j}", _length_meta(right[i][1], wrong[j][1]))
+            for i, j in sorted(picks)]
+
+
+def group_counts(correct: Sequence[list[bool]]) -> dict:
+    """How many prompts gave a pair and how many were dropped as all right or all wrong (no preference signal)."""
+    flat = [x for ok in correct for x in ok]
+    return {"sample_accuracy": float(np.mean(flat)) if flat else 0.0,
+            "prompts_all_correct": sum(all(ok) for ok in correct),
+            "prompts_all_wrong": sum(not any(ok) for ok in correct),
+            "prompts_informative": sum(any(ok) and not all(ok) for ok in correct)}
 
 
 def build_pairs(examples: Sequence[Any], completions: Sequence[list[str]], correct: Sequence[list[bool]],
-                pairs_per_prompt: int, seed: int) -> tuple[list[PreferencePair], dict]:
+                pairs_per_prompt: int, seed: int,
+                n_tokens: Sequence[list[int]] | None = None) -> tuple[list[PreferencePair], dict]:
     """All informative pairs plus the counts a summary needs."""
     rng = np.random.default_rng(seed)
+    tokens = n_tokens if n_tokens is not None else [None] * len(examples)
     pairs: list[PreferencePair] = []
-    for ex, group, ok in zip(examples, completions, correct):
-        pairs += informative_pairs(ex, group, ok, pairs_per_prompt, rng)
-    flat = [x for ok in correct for x in ok]
-    counts = {"sample_accuracy": float(np.mean(flat)) if flat else 0.0,
-              "prompts_all_correct": sum(all(ok) for ok in correct),
-              "prompts_all_wrong": sum(not any(ok) for ok in correct),
-              "prompts_informative": sum(any(ok) and not all(ok) for ok in correct)}
-    return pairs, counts
+    for ex, group, ok, n in zip(examples, completions, correct, tokens):
+        pairs += informative_pairs(ex, group, ok, pairs_per_prompt, rng, n)
+    return pairs, group_counts(correct)
+
+
+def length_diff_summary(pairs: Sequence[PreferencePair]) -> dict | None:
+    """chosen - rejected tokens over the pairs that record it. DPO's implicit reward is a sum over tokens, so a
+    set whose chosen answers are systematically longer (or shorter) teaches length as much as correctness
+    (Park et al. 2024); the sign and size of this difference say which way a tuned model may drift."""
+    d = np.array([p.meta["length_diff_tokens"] for p in pairs if "length_diff_tokens" in p.meta], dtype=float)
+    if d.size == 0:
+        return None
+    return {"n": int(d.size), "mean": float(d.mean()), "median": float(np.median(d)),
+            "p10": float(np.quantile(d, 0.1)), "p90": float(np.quantile(d, 0.9)),
+            "share_chosen_longer": float((d > 0).mean()), "share_chosen_shorter": float((d < 0).mean()),
+            "share_equal": float((d == 0).mean())}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,17 +139,18 @@ def choose_examples(task, cfg: VerifierConfig) -> list:
     return examples
 
 
-def build_verifier_set(model, tokenizer, task, cfg: VerifierConfig,
-                       on_batch: Callable[[int, int], None] | None = None
+def build_verifier_set(sampler: Sampler, task, cfg: VerifierConfig, on_batch: OnBatch | None = None
                        ) -> tuple[list[PreferencePair], VerifierSetSummary]:
+    """Sample k answers per prompt with `sampler` (dpo.samplers), grade them with the task's verifier, pair."""
     examples = choose_examples(task, cfg)
     t0 = time.perf_counter()
-    completions = sample_answers(model, tokenizer, [ex.prompt for ex in examples], cfg, on_batch)
+    samples = sampler([ex.prompt for ex in examples], cfg, on_batch)
     sample_s = time.perf_counter() - t0
-    pairs, counts = build_pairs(examples, completions, grade(task, examples, completions),
-                                cfg.pairs_per_prompt, cfg.seed)
+    texts = [[s.text for s in group] for group in samples]
+    pairs, counts = build_pairs(examples, texts, grade(task, examples, texts), cfg.pairs_per_prompt, cfg.seed,
+                                [[s.n_tokens for s in group] for group in samples])
     summary = VerifierSetSummary(cfg.task, cfg.split, len(examples), cfg.samples_per_prompt, n_pairs=len(pairs),
-                                 sample_s=round(sample_s, 2), **counts)
+                                 sample_s=round(sample_s, 2), length_diff=length_diff_summary(pairs), **counts)
     return pairs, summary
 
 
@@ -145,8 +160,12 @@ def manifest_path(jsonl: str | Path) -> Path:
 
 
 def manifest_key(model_name: str, cfg: VerifierConfig) -> dict:
-    """What must match for a saved set to be reused: the model and every sampling setting."""
-    return {"version": MANIFEST_VERSION, "model": model_name, "verifier": asdict(cfg) | {"reuse": None}}
+    """What must match for a saved set to be reused: the model and every sampling setting. The sampler fields
+    enter only when set, so sets built before they existed (HF generate) stay reusable."""
+    verifier = asdict(cfg) | {"reuse": None}
+    for unset in [k for k in ("sampler_url", "sampler_model") if not verifier[k]]:
+        del verifier[unset]
+    return {"version": MANIFEST_VERSION, "model": model_name, "verifier": verifier}
 
 
 def write_verifier_set(path: str | Path, pairs: list[PreferencePair], summary: VerifierSetSummary,
