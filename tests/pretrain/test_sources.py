@@ -267,10 +267,10 @@ def test_router_drops_empties_and_duplicates_by_first_copy():
 
 
 def test_registry_names_and_unknown_source():
-    assert list(SOURCES) == ["sharegpt", "text", "jsonl", "parquet", "fineweb-edu"]
+    assert list(SOURCES) == ["sharegpt", "text", "jsonl", "parquet", "fineweb-edu", "nltk-zip", "mix"]
     assert isinstance(build_source(SourceSpec("jsonl", "x.jsonl")), JsonlSource)
     assert _error(lambda: build_source(SourceSpec("nope"))) == \
-        "unknown source 'nope'; registered: sharegpt, text, jsonl, parquet, fineweb-edu"
+        "unknown source 'nope'; registered: sharegpt, text, jsonl, parquet, fineweb-edu, nltk-zip, mix"
 
 
 def test_fineweb_edu_from_local_parquet_through_datasets(tmp_path, monkeypatch):

@@ -61,6 +61,11 @@ class PrepareConfig:
     val_max_tokens: int = param(FINEWEB_VAL_TOKENS, "fineweb-val: tokens taken from the start of the shard "
                                                     "(modded-nanogpt evaluates on 10485760); 0 = all", ge=0)
     seed: int = param(1337, "seed of the train/val assignment")
+    parts: list[str] = param([], "mix: the sources read in order, each SOURCE:PATH (e.g. \"sharegpt:\", "
+                                 "\"text:../shared/data/corpora/tinyshakespeare\")")
+    train_only: list[str] = param([], "glob patterns over document groups (mix: \"<part>/<file>\") always "
+                                      "routed to train: texts with near-copies elsewhere in the corpus")
+    val_name: str = param("", "a name for the val split this config fixes, recorded in the manifest")
     max_tokens: int = param(0, "stop after this many source tokens, train+val (the last document is cut); "
                                "0 = the whole source", ge=0)
     shard_tokens: int = param(100_000_000, "tokens per shard file (llm.c: 1e8)", ge=1, le=2**31 - 1)
@@ -70,12 +75,15 @@ class PrepareConfig:
     progress: bool = param(True, "tqdm progress bar on stderr (shown only on a terminal)")
 
     def validate(self) -> None:
-        if self.source in ("text", "jsonl", "parquet") and not self.path:
+        if self.source in ("text", "jsonl", "parquet", "nltk-zip") and not self.path:
             raise ConfigError(f"config field 'path': source {self.source!r} needs a file or folder")
+        if (self.source == "mix") != bool(self.parts):
+            raise ConfigError("config field 'parts': given exactly when source = 'mix'")
 
     def source_spec(self) -> SourceSpec:
         return SourceSpec(name=self.source, path=self.path, field=self.text_field, text_unit=self.text_unit,
-                          hub_id=self.hub_id, hub_name=self.hub_name, hub_revision=self.hub_revision)
+                          hub_id=self.hub_id, hub_name=self.hub_name, hub_revision=self.hub_revision,
+                          parts=tuple(self.parts))
 
     def routed_val_fraction(self) -> float:
         return self.val_fraction if self.val_source == "split" else 0.0
@@ -283,7 +291,7 @@ def tokenize_source(cfg: PrepareConfig, source: Source, writers: dict[str, Shard
     with encoder_map(workers, cfg.chunksize, cfg.tokenizer_dir) as encode, \
             tqdm(total=cfg.max_tokens or None, unit="tok", unit_scale=True, desc="tokenizing", file=sys.stderr,
                  disable=None if cfg.progress else True) as bar:
-        router = DocumentRouter(cfg.routed_val_fraction(), cfg.seed)
+        router = DocumentRouter(cfg.routed_val_fraction(), cfg.seed, tuple(cfg.train_only))
         tally = write_documents(encode(source.documents()), router, writers, cfg.max_tokens, bar.update)
     check_splits(cfg, tally)
     return tally
@@ -358,7 +366,9 @@ def tokenizer_entry(cfg: PrepareConfig, roundtrip_ok: bool) -> dict[str, Any]:
 def write_val_source(cfg: PrepareConfig, writer: ShardWriter) -> dict[str, Any]:
     if cfg.val_source == "fineweb-val":
         return write_fineweb_val(cfg, writer)
-    return {"name": "split", "val_fraction": cfg.val_fraction, "unit": "document group, seeded hash"}
+    return {"name": "split", "val_fraction": cfg.val_fraction, "unit": "document group, seeded hash",
+            **({"train_only": cfg.train_only} if cfg.train_only else {}),
+            **({"val_name": cfg.val_name} if cfg.val_name else {})}
 
 
 def prepare(cfg: PrepareConfig) -> Manifest:

@@ -7,6 +7,8 @@ names are interchangeable: `fineweb-edu` reads the hub when online, or the same 
 """
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import hashlib
 import importlib.metadata
 import json
@@ -19,6 +21,7 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy as np
 
 from scalelab.core.readers import SHAREGPT_FILE, SHAREGPT_PACKAGE, JsonArrayReader, SourceError, packaged_sharegpt
+from scalelab.pretrain import corpora
 from scalelab.pretrain.shards import read_header, read_shard
 
 
@@ -38,6 +41,8 @@ class SourceSpec:
     hub_id: str = "HuggingFaceFW/fineweb-edu"
     hub_name: str = "sample-10BT"
     hub_revision: str = "main"
+    parts: tuple[str, ...] = ()  # mix: "SOURCE:PATH" per part (scalelab.pretrain.corpora)
+    group_by_file: bool = False  # text, nltk-zip: a document's group is its file, so routing rules can name it
 
 
 class Source(Protocol):
@@ -105,10 +110,13 @@ class TextSource:
     def documents(self) -> Iterator[Document]:
         if self.spec.text_unit not in ("file", "paragraph"):
             raise SourceError(f"text source: text_unit {self.spec.text_unit!r}; allowed: 'file', 'paragraph'")
+        root = Path(self.spec.path)
         for path in input_files(self.spec.path, "*.txt"):
             text = read_utf8(path)
             parts = _PARAGRAPH_BREAK.split(text) if self.spec.text_unit == "paragraph" else [text]
-            yield from (Document(p) for p in parts)
+            group = (path.relative_to(root).as_posix() if root.is_dir() else path.name) if self.spec.group_by_file \
+                else ""
+            yield from (Document(p, group) for p in parts)
 
     def describe(self) -> dict[str, Any]:
         files = input_files(self.spec.path, "*.txt")
@@ -294,12 +302,61 @@ def hub_commit(repo_id: str, revision: str) -> str:
         raise SourceError(f"{repo_id}@{revision or 'main'}: cannot resolve the revision on the hub: {e}") from None
 
 
+# ---------------------------------------------------------------------------------------------
+# the mixed corpus: NLTK's zips, and a chain of sources whose groups name their part and file
+
+
+@dataclass(frozen=True)
+class NltkZipSource:
+    """Every *.zip under path (corpora.zip_documents: NLTK's codecs, Shakespeare's XML as text)."""
+    spec: SourceSpec
+
+    def documents(self) -> Iterator[Document]:
+        for path in input_files(self.spec.path, "*.zip"):
+            yield from (Document(text, group) for text, group in corpora.zip_documents(path, self.spec.group_by_file))
+
+    def describe(self) -> dict[str, Any]:
+        options = {"codecs": "utf-8, else NLTK's declared codec", "xml": "Bosak plays as plain text"}
+        return local_describe("nltk-zip", self.spec.path, input_files(self.spec.path, "*.zip"), options)
+
+
+@dataclass(frozen=True)
+class MixSource:
+    """parts = ["SOURCE:PATH", ...] read in order; a document's group becomes "<part label>/<its group>"."""
+    spec: SourceSpec
+
+    def parts(self) -> list[tuple[str, SourceSpec]]:
+        if not self.spec.parts:
+            raise SourceError('source "mix" needs parts, e.g. parts = ["sharegpt:", "text:corpora/books"]')
+        out = []
+        for part in self.spec.parts:
+            name, path = corpora.parse_part(part)
+            out.append((corpora.part_label(name, path),
+                        dataclasses.replace(self.spec, name=name, path=path, parts=(), group_by_file=True)))
+        labels = [label for label, _ in out]
+        if len(set(labels)) != len(labels):
+            raise SourceError(f"mix parts {list(self.spec.parts)}: two parts share a label ({labels})")
+        return out
+
+    def documents(self) -> Iterator[Document]:
+        for label, spec in self.parts():
+            for doc in build_source(spec).documents():
+                # a document with no group of its own keeps "", so it routes by its text as before
+                yield Document(doc.text, f"{label}/{doc.group}" if doc.group else "")
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "mix", "parts": [{"label": label, **build_source(spec).describe()}
+                                         for label, spec in self.parts()]}
+
+
 SOURCES: dict[str, Callable[[SourceSpec], Source]] = {
     "sharegpt": ShareGPTSource,
     "text": TextSource,
     "jsonl": JsonlSource,
     "parquet": ParquetSource,
     "fineweb-edu": HubSource,
+    "nltk-zip": NltkZipSource,
+    "mix": MixSource,
 }
 
 
@@ -346,8 +403,8 @@ class DocumentRouter:
     (~100 bytes with the dict entry; ~1 GB for FineWeb-Edu 10BT's ~9.7M documents).
     """
 
-    def __init__(self, val_fraction: float, seed: int):
-        self.val_fraction, self.seed = val_fraction, seed
+    def __init__(self, val_fraction: float, seed: int, train_only: tuple[str, ...] = ()):
+        self.val_fraction, self.seed, self.train_only = val_fraction, seed, tuple(train_only)
         self._first: dict[bytes, str] = {}
 
     def route(self, key: bytes, group: str = "") -> Route:
@@ -355,7 +412,10 @@ class DocumentRouter:
             return Route("", "empty")
         if key in self._first:
             return Route(self._first[key], "duplicate")
-        split = split_of(group or key.hex(), self.seed, self.val_fraction)
+        if group and any(fnmatch.fnmatchcase(group, p) for p in self.train_only):
+            split = "train"  # a text with near-copies elsewhere in the corpus (dedup is exact only)
+        else:
+            split = split_of(group or key.hex(), self.seed, self.val_fraction)
         self._first[key] = split
         return Route(split)
 
