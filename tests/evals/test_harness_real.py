@@ -23,7 +23,7 @@ from scalelab.evals.loglik import choice_metrics, score_pairs
 
 pytestmark = pytest.mark.slow
 
-LIMIT = 8
+LIMIT = 4
 TASKS = ("hellaswag", "arc_easy", "piqa")
 TOL_PER_TOKEN = 2e-4
 N_CHOICES = {"hellaswag": {4}, "piqa": {2}, "arc_easy": {3, 4, 5}}
