@@ -8,7 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from scalelab.grpo.checkpoint import CheckpointError, load_trainable
-from scalelab.grpo.export import RECORD, export_run, sha256_file
+from scalelab.core.gguf_cache import sha256_file
+from scalelab.grpo.export import RECORD, export_run
 from scalelab.grpo.parts import prepare_policy
 from scalelab.grpo.train import train
 from tests.grpo.test_train import make

@@ -55,6 +55,16 @@ def render_ids(tokenizer, conversation: Conversation) -> list[int]:
 # HF generate in this process
 
 
+def in_batches(batch: Callable[[Sequence[Conversation], VerifierConfig, int], list[list[Sample]]],
+               prompts: Sequence[Conversation], cfg: VerifierConfig, on_batch=None) -> list[list[Sample]]:
+    """Every prompt's samples, cfg.batch_prompts prompts per `batch` call under that batch's own seed."""
+    out: list[list[Sample]] = []
+    for b in range(0, len(prompts), cfg.batch_prompts):
+        out += batch(prompts[b:b + cfg.batch_prompts], cfg, batch_seed(cfg, b))
+        if on_batch:
+            on_batch(len(out), len(prompts))
+    return out
+
 @dataclass
 class HFSampler:
     model: Any
@@ -78,12 +88,7 @@ class HFSampler:
         return [flat[i:i + k] for i in range(0, len(flat), k)]
 
     def __call__(self, prompts, cfg, on_batch=None):
-        out: list[list[Sample]] = []
-        for b in range(0, len(prompts), cfg.batch_prompts):
-            out += self._batch(prompts[b:b + cfg.batch_prompts], cfg, batch_seed(cfg, b))
-            if on_batch:
-                on_batch(len(out), len(prompts))
-        return out
+        return in_batches(self._batch, prompts, cfg, on_batch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,12 +123,7 @@ class CompletionsSampler:
         return [flat[i:i + k] for i in range(0, len(flat), k)]
 
     def __call__(self, prompts, cfg, on_batch=None):
-        out: list[list[Sample]] = []
-        for b in range(0, len(prompts), cfg.batch_prompts):
-            out += self._batch(prompts[b:b + cfg.batch_prompts], cfg, batch_seed(cfg, b))
-            if on_batch:
-                on_batch(len(out), len(prompts))
-        return out
+        return in_batches(self._batch, prompts, cfg, on_batch)
 
 
 def server_sampler(url: str, served_model: str, model, tokenizer, timeout_s: float = 600.0) -> CompletionsSampler:

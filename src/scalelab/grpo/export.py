@@ -6,7 +6,6 @@ for the out-of-domain checks the run's own held-out split does not cover.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import torch
 
 from scalelab.core.hfmodel import load_causal_lm
+from scalelab.core.gguf_cache import sha256_file
 from scalelab.core.jsonio import write_json
 from scalelab.grpo.checkpoint import CheckpointError, find_checkpoint, load_trainable
 from scalelab.grpo.config import load_grpo_config
@@ -31,14 +31,6 @@ class ExportRecord:
     lora_merged: bool
     weight_bytes: int
     safetensors_sha256: str
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def export_run(run_dir: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat16,
