@@ -3,6 +3,8 @@
 # one run per learning rate side by side), the shipped recipe's collapse beside its defense (the format reward
 # gated by correctness), and the base model's battery; then each recipe run's policy exported and scored on
 # MATH-500 (out of domain) and GSM8K through a vLLM server. One window of WORK_S seconds on a warm machine:
+#   bash bench/gpu_grpo_real.sh prep [CHUNK_DIR]     here: the chunk set (the GGUF, the wheels the image lacks, the
+#                                                    GSM8K and MATH-500 data) in chunks (default /tmp/grpo-chunks)
 #   bash bench/gpu_grpo_real.sh bundle               unpack the vLLM bundle (carry .gpu-bundle)
 #   bash bench/gpu_grpo_real.sh setup CHUNK_DIR      join the carried chunk set (bench/TRANSFER.md: the GGUF as
 #                                                    model.gguf, whl/ with the wheels the image lacks, data.tar.xz
@@ -11,7 +13,9 @@
 #   bash bench/gpu_grpo_real.sh poll SECONDS         wait up to SECONDS (or until work ends), results to $OUT/runs.tgz
 # Every part resumes (run checkpoints, per-task battery records), so `work` run again continues a cut-off window.
 #   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), WORK_S (default 1140), SEED (default 0),
-#        LRS (default "2e-5 5e-5"), PARTS (default "battery recipe collapse"), SCALELAB_GIT_SHA (the commit, as
+#        LRS (default "2e-5 5e-5"), PARTS (default "battery recipe collapse"), AFTER_TASKS (the exported policies'
+#        battery, default math500: GSM8K is the run's own final evaluation), RECIPE_SETS (more `--set K=V`
+#        arguments for the recipe runs, e.g. "--set train.max_steps=100"), SCALELAB_GIT_SHA (the commit, as
 #        the copied tree has no .git)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
@@ -37,6 +41,16 @@ grpo() {  # $1 = log name, then `grpo train` arguments: runs when >= 150 s are l
     >> "$LOGS/$log.log" 2>&1
 }
 
+WHEELS="gguf==0.19.0 tomli_w==1.2.0"   # what `models path` (dequantize) and the run folders' config.toml need
+prep() {  # here: one chunk set; the battery's multiple-choice tasks need lm_eval's wheels besides (BATTERY_WHEELS)
+  local chunks=${1:-/tmp/grpo-chunks} src=/tmp/grpo-carry-src py=${PY:-python3}
+  rm -rf "$src" "$chunks" && mkdir -p "$src/whl" || return 1
+  cp "$(PYTHONPATH=src "$py" -m scalelab.cli models path "$NAME" --gguf)" "$src/model.gguf" || return 1
+  "$py" -m pip download -q --no-deps --only-binary=:all: -d "$src/whl" $WHEELS ${BATTERY_WHEELS:-} || return 1
+  tar -C ../shared/data -cJf "$src/data.tar.xz" README.md gsm8k math500 || return 1
+  PYTHONPATH=src "$py" -m scalelab.core.chunks split "$src" "$chunks" --max-mib 46
+}
+
 setup() {  # $1 = the folder holding the chunk set's manifest and chunks
   local t0=$SECONDS
   python3 -m scalelab.core.chunks join /tmp/carry "$1" || return 1
@@ -47,19 +61,19 @@ setup() {  # $1 = the folder holding the chunk set's manifest and chunks
   echo "setup: joined and installed in $((SECONDS - t0)) s"
   sl models path "$NAME" || return 1  # checks the GGUF's pinned sha256, dequantizes once into the cache
   echo "setup: model ready after $((SECONDS - t0)) s"
-  python3 -c "import torch, transformers, peft, vllm, lm_eval; print('versions torch', torch.__version__,
-'transformers', transformers.__version__, 'peft', peft.__version__, 'vllm', vllm.__version__, 'lm_eval',
-lm_eval.__version__, torch.cuda.get_device_name())"
+  python3 -c "import torch, transformers, peft, vllm; print('versions torch', torch.__version__,
+'transformers', transformers.__version__, 'peft', peft.__version__, 'vllm', vllm.__version__,
+torch.cuda.get_device_name())"
 }
 
 recipe_run() {  # $1 = learning rate: train until 330 s before the end, then score it in and out of domain
   local name=recipe-lr$1-s$SEED
   END=$((END - 330)) grpo "$name" --config "$RECIPE" --set run.out_dir="\"$RUNS\"" \
-    --set run.name="\"$name\"" --set optim.lr=$1 --set train.seed=$SEED
+    --set run.name="\"$name\"" --set optim.lr=$1 --set train.seed=$SEED ${RECIPE_SETS:+$RECIPE_SETS}
   sl grpo eval "$RUNS/$name" >> "$LOGS/$name.log" 2>&1  # a run stopped by its budget is scored at that step
   sl grpo export "$RUNS/$name" "/tmp/exports/$name" >> "$LOGS/$name.log" 2>&1 || return 1
   timeout -s INT "$(left)" python3 -m scalelab.cli evals battery --model "/tmp/exports/$name" \
-    --out "$RUNS/$name/battery" --data-dir /tmp/data --tasks gsm8k,math500 --reference-model "$NAME" \
+    --out "$RUNS/$name/battery" --data-dir /tmp/data --tasks ${AFTER_TASKS:-math500} --reference-model "$NAME" \
     --engine-flag gpu-memory-utilization=0.1 >> "$LOGS/$name.log" 2>&1
 }
 
@@ -111,11 +125,12 @@ poll() {  # $1 = seconds to wait at most
 }
 
 case "${1:-}" in
+  prep) prep "${2:-}" ;;
   bundle) bash .gpu-bundle/unpack.sh | tail -1 ;;
   setup) setup "${2:?usage: bash bench/gpu_grpo_real.sh setup CHUNK_DIR}" ;;
   launch) rm -f "$RUNS/work.done"; setsid nohup bash "$0" work > "$RUNS/work.log" 2>&1 < /dev/null &
           sleep 2; echo "launched work (pid $!), window ${WORK_S} s" ;;
   work) work ;;
   poll) poll "${2:?usage: bash bench/gpu_grpo_real.sh poll SECONDS}" ;;
-  *) echo "usage: bash bench/gpu_grpo_real.sh bundle | setup CHUNK_DIR | launch | work | poll SECONDS" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_grpo_real.sh prep [CHUNK_DIR] | bundle | setup CHUNK_DIR | launch | work | poll SECONDS" >&2; exit 2 ;;
 esac

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
 from scalelab.grpo.advantages import token_entropy, token_logprobs
 from scalelab.grpo.types import RolloutBatch
@@ -49,33 +50,123 @@ def collate(batch: RolloutBatch, advantages: torch.Tensor, pad_id: int, device: 
                        advantages.to(device), W + 1)
 
 
-def frame_logprobs(model: Any, t: StepTensors, rows: slice, temperature: float) -> torch.Tensor:
-    """(n, W) log softmax(logits / T) of each frame target under `model` (graph kept when grad is on)."""
-    return frame_logprobs_entropy(model, t, rows, temperature, entropy=False)[0]
+@dataclass(frozen=True)
+class Micro:
+    """One forward/backward: some rows of the step, the input cropped to their longest sequence, and the frame
+    columns that reach their last completion token."""
+    rows: torch.Tensor  # (n,) row indices into the StepTensors
+    length: int  # input columns kept: the longest [prompt | completion] of these rows
+    width: int  # frame columns kept: length - p_min
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows' slice of a frame tensor (N, W) -> (n, width)."""
+        return x[self.rows, :self.width]
 
 
-def frame_logprobs_entropy(model: Any, t: StepTensors, rows: slice, temperature: float,
-                           entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """frame_logprobs and, when `entropy`, the policy's entropy at each frame position (n, W), without graph."""
-    out = model(input_ids=t.input_ids[rows], attention_mask=t.attention_mask[rows], logits_to_keep=t.keep,
-                use_cache=False)
-    logits = out.logits[:, :-1]  # (n, W, V): position p_min - 1 + j predicts token p_min + j
-    ent = token_entropy(logits.detach(), temperature) if entropy else None
-    return token_logprobs(logits, t.targets[rows], temperature), ent
+def micro_batches(t: StepTensors, max_rows: int, max_tokens: int = 0) -> list[Micro]:
+    """The step's rows in forward passes of at most `max_rows` rows; with `max_tokens`, longest first and at most
+    that many padded tokens each (rows x longest), so short answers share a pass instead of being padded to the
+    step's longest (GSM8K answers run 20 to 512 tokens: fixed slices pad ~40% of the batch). One row longer than
+    max_tokens runs alone. The loss's normalizer is the step's, so the grouping changes no gradient."""
+    lengths = t.attention_mask.sum(1).tolist()
+    order = sorted(range(t.n), key=lambda i: -lengths[i]) if max_tokens else list(range(t.n))
+    groups: list[list[int]] = [[]]
+    for i in order:
+        cur = groups[-1]
+        longest = max([lengths[j] for j in cur] + [lengths[i]])
+        if cur and (len(cur) >= max_rows or (max_tokens and (len(cur) + 1) * longest > max_tokens)):
+            groups.append(cur := [])
+        cur.append(i)
+    p_min = t.input_ids.shape[1] - (t.keep - 1)
+    out = []
+    for g in groups:
+        length = int(max(lengths[i] for i in g))
+        out.append(Micro(torch.tensor(g, device=t.input_ids.device), length, max(length - p_min, 1)))
+    return out
 
 
-def micro_slices(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+def frame_logprobs(model: Any, t: StepTensors, m: Micro, temperature: float) -> torch.Tensor:
+    """(n, width) log softmax(logits / T) of each frame target under `model` (graph kept when grad is on)."""
+    return frame_logprobs_entropy(model, t, m, temperature, entropy=False)[0]
+
+
+def frame_logprobs_entropy(model: Any, t: StepTensors, m: Micro, temperature: float, entropy: bool = True,
+                           head_rows: int = 2048) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """frame_logprobs and, when `entropy`, the policy's entropy at each frame position (n, width), without graph.
+    Zero off the completion tokens (the loss masks them)."""
+    ids, attn = t.input_ids[m.rows, :m.length], t.attention_mask[m.rows, :m.length]
+    targets, mask = m.take(t.targets), m.take(t.mask).bool()
+    split = body_and_head(model)
+    if split is None:  # a model without a separate decoder: the whole frame's logits at once
+        out = model(input_ids=ids, attention_mask=attn, logits_to_keep=m.width + 1, use_cache=False)
+        logits = out.logits[:, :-1]  # (n, width, V): position p_min - 1 + j predicts token p_min + j
+        ent = token_entropy(logits.detach(), temperature) if entropy else None
+        return token_logprobs(logits, targets, temperature) * mask, None if ent is None else ent * mask
+    body, head = split
+    h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+    h = h[:, m.length - m.width - 1:m.length - 1][mask]  # (tokens, d): completion positions only
+    logp, ent = head_logprobs(head, h, targets[mask], temperature, head_rows, entropy)
+    zeros = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    return zeros.masked_scatter(mask, logp), None if ent is None else zeros.masked_scatter(mask, ent)
+
+
+def body_and_head(model: Any) -> tuple[Any, Any] | None:
+    """(decoder returning the final-norm hidden states, LM head) of an HF causal LM (through a peft wrapper:
+    its adapters stay in both), or None when the model does not expose them."""
+    try:
+        body, head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    if body is None or head is None or body is model or isinstance(head, torch.nn.Embedding):
+        return None
+    return body, head
+
+
+def _head_chunk(head: Any, h: torch.Tensor, targets: torch.Tensor, temperature: float,
+                entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    scaled = head(h).float() / temperature  # (rows, V) fp32: one chunk's worth
+    lse = torch.logsumexp(scaled, dim=-1)
+    logp = scaled.gather(1, targets[:, None]).squeeze(1) - lse
+    if not entropy:
+        return logp, logp.new_zeros(())
+    with torch.no_grad():
+        p = torch.softmax(scaled, dim=-1)
+        ent = lse - (p * scaled).sum(-1)  # H = log Z - E_p[z]
+    return logp, ent
+
+
+def head_logprobs(head: Any, h: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int,
+                  entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(head(h) / T) at `targets` for h (tokens, d), `rows` tokens at a time. Under grad each chunk is
+    checkpointed: its (rows, V) logits are recomputed in the backward instead of kept, so a 151,936-token vocabulary
+    costs one chunk of memory rather than tokens x V fp32 (the idea of Liger's fused linear cross-entropy, Hsu et
+    al. 2024), and positions that are prompt or padding never reach the head at all."""
+    lps, ents = [], []
+    for s in range(0, h.shape[0], rows):
+        args = (head, h[s:s + rows], targets[s:s + rows], temperature, entropy)
+        if torch.is_grad_enabled():
+            lp, ent = torch.utils.checkpoint.checkpoint(_head_chunk, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(*args)
+        lps.append(lp)
+        ents.append(ent.detach())
+    if not lps:
+        return h.new_zeros(0, dtype=torch.float32), (h.new_zeros(0, dtype=torch.float32) if entropy else None)
+    return torch.cat(lps), torch.cat(ents) if entropy else None
 
 
 @torch.no_grad()
-def frozen_logprobs(model: Any, t: StepTensors, temperature: float, micro: int, adapters_off: bool) -> torch.Tensor:
+def frozen_logprobs(model: Any, t: StepTensors, temperature: float, micros: list[Micro],
+                    adapters_off: bool) -> torch.Tensor:
     """(N, W) for the reference (LoRA: adapters disabled) or pi_old, in micro-batches, no graph."""
     was_training = model.training
     model.eval()
+    out = torch.zeros(t.mask.shape, dtype=torch.float32, device=t.mask.device)
     try:
         ctx = model.disable_adapter() if adapters_off else contextlib.nullcontext()
         with ctx:
-            return torch.cat([frame_logprobs(model, t, s, temperature) for s in micro_slices(t.n, micro)])
+            for m in micros:
+                out[m.rows, :m.width] = frame_logprobs(model, t, m, temperature)
+        return out
     finally:
         model.train(was_training)

@@ -195,6 +195,9 @@ class OptimConfig:
     grad_clip: float = param(1.0, "clip global grad norm; 0 disables", ge=0.0)
     micro_batch_size: int = param(8, "sequences per forward/backward; the step's P*G sequences are accumulated",
                                   ge=1)
+    micro_batch_tokens: int = param(0, "when > 0: the step's sequences sorted by length into forward/backward "
+                                       "passes of at most this many padded tokens (and micro_batch_size rows); "
+                                       "0 = fixed slices of micro_batch_size in rollout order", ge=0)
 
 
 @dataclass

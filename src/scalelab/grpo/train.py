@@ -34,7 +34,7 @@ from scalelab.evals.tasks import get_task
 from scalelab.grpo import heldout
 from scalelab.grpo.advantages import (LossSettings, Normalizer, group_advantages, grpo_loss, k3_kl,
                                       zero_signal_fraction)
-from scalelab.grpo.batch import StepTensors, collate, frame_logprobs_entropy, frozen_logprobs, micro_slices
+from scalelab.grpo.batch import Micro, StepTensors, collate, frame_logprobs_entropy, frozen_logprobs, micro_batches
 from scalelab.grpo.checkpoint import CHECKPOINT, find_checkpoint, load_checkpoint, save_checkpoint
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.curriculum import Curriculum
@@ -107,6 +107,8 @@ class UpdateStats:
     mismatch_abs_sum: float = 0.0  # |current - behaviour| log-prob: sees fp32-level differences k3 rounds to 0
     entropy_sum: float = 0.0  # the policy's exact entropy over completion tokens, first update only
     entropy_tokens: float = 0.0
+    seq_tokens: float = 0.0  # non-pad tokens through the forward passes
+    padded_tokens: float = 0.0  # rows x cropped length, summed over the passes
     grad_norm: float = 0.0
 
     def summary(self) -> dict[str, float]:
@@ -115,7 +117,8 @@ class UpdateStats:
                 "kl_mean": self.kl_sum / tok, "entropy_mean": self.entropy_sum / max(self.entropy_tokens, 1.0),
                 "is_weight_mean": self.is_weight_sum / tok,
                 "is_truncated_frac": self.is_truncated / tok, "behavior_mismatch_k3": self.mismatch_k3_sum / tok,
-                "behavior_logp_abs_diff": self.mismatch_abs_sum / tok}
+                "behavior_logp_abs_diff": self.mismatch_abs_sum / tok,
+                "update_tokens": int(self.seq_tokens), "update_padded_tokens": int(self.padded_tokens)}
 
     def summed(self, dist: Dist) -> "UpdateStats":
         """Every sum over all ranks (grad_norm is already the global one)."""
@@ -131,7 +134,8 @@ def loss_settings(cfg: GrpoConfig) -> LossSettings:
 
 def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer, cfg: GrpoConfig,
                    old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None, first: bool,
-                   norm: Normalizer | None = None, dist: Dist = Dist()) -> UpdateStats:
+                   norm: Normalizer | None = None, dist: Dist = Dist(),
+                   micros: list[Micro] | None = None) -> UpdateStats:
     """One optimizer step over the whole batch, accumulated over micro-batches (the normalizer is the step's).
 
     Data-parallel: `t` is this rank's shard and `norm` the counts of the whole batch, so each rank's loss is
@@ -140,11 +144,11 @@ def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer
     settings, stats = loss_settings(cfg), UpdateStats()
     policy.train()
     optimizer.zero_grad(set_to_none=True)
-    for rows in micro_slices(t.n, cfg.optim.micro_batch_size):
-        logp, entropy = frame_logprobs_entropy(policy, t, rows, cfg.rollout.temperature, entropy=first)
-        old = old_logp[rows] if old_logp is not None else logp.detach()
-        terms = grpo_loss(logp, old, t.advantages[rows], t.mask[rows], norm, settings,
-                          behavior_logp=t.behavior_logp[rows], ref_logp=None if ref_logp is None else ref_logp[rows])
+    for m in micros or step_micros(t, cfg):
+        logp, entropy = frame_logprobs_entropy(policy, t, m, cfg.rollout.temperature, entropy=first)
+        old = m.take(old_logp) if old_logp is not None else logp.detach()
+        terms = grpo_loss(logp, old, t.advantages[m.rows], m.take(t.mask), norm, settings,
+                          behavior_logp=m.take(t.behavior_logp), ref_logp=None if ref_logp is None else m.take(ref_logp))
         terms.loss.backward()
         stats.loss += float(terms.loss.detach())
         stats.tokens += terms.tokens
@@ -152,18 +156,24 @@ def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer
         stats.kl_sum += terms.kl_sum
         stats.is_weight_sum += terms.is_weight_sum
         stats.is_truncated += terms.is_truncated_tokens
+        stats.seq_tokens += float(t.attention_mask[m.rows].sum())
+        stats.padded_tokens += float(len(m.rows) * m.length)
         if first:
-            behavior, current, m = t.behavior_logp[rows], logp.detach(), t.mask[rows]
-            stats.mismatch_k3_sum += float((k3_kl(behavior, current) * m).sum())
-            stats.mismatch_abs_sum += float(((behavior - current).abs() * m).sum())
-            stats.entropy_sum += float((entropy * m).sum())
-            stats.entropy_tokens += float(m.sum())
+            behavior, current, mask = m.take(t.behavior_logp), logp.detach(), m.take(t.mask)
+            stats.mismatch_k3_sum += float((k3_kl(behavior, current) * mask).sum())
+            stats.mismatch_abs_sum += float(((behavior - current).abs() * mask).sum())
+            stats.entropy_sum += float((entropy * mask).sum())
+            stats.entropy_tokens += float(mask.sum())
     params = [p for p in policy.parameters() if p.requires_grad]
     dist.all_reduce_grads(params)
     stats = stats.summed(dist)
     stats.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or math.inf))
     optimizer.step()
     return stats
+
+
+def step_micros(t: StepTensors, cfg: GrpoConfig) -> list[Micro]:
+    return micro_batches(t, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens)
 
 
 def make_optimizer(policy: Any, cfg: GrpoConfig) -> torch.optim.Optimizer:
@@ -281,19 +291,20 @@ def learn(loop: Loop, step: int, batch: RolloutBatch, plan: BatchPlan, timer: Ph
     t = collate(take_rows(batch, rows), adv[rows.start:rows.stop], pad, loop.device)
     norm = Normalizer(len(batch.texts), batch.num_tokens, cfg.rollout.max_new_tokens)  # the whole batch's counts
     ref_logp = old_logp = None
+    micros = step_micros(t, cfg)
     if cfg.loss.kl_coef > 0 or cfg.loss.log_kl:  # at kl_coef 0 the KL is logged, its gradient is 0
         with timer.phase("reference"):
             ref_model = parts.reference if parts.reference is not None else parts.policy
-            ref_logp = frozen_logprobs(ref_model, t, cfg.rollout.temperature, cfg.optim.micro_batch_size,
+            ref_logp = frozen_logprobs(ref_model, t, cfg.rollout.temperature, micros,
                                        adapters_off=parts.reference is None)
     if cfg.loss.updates_per_batch > 1:
         with timer.phase("old_logprob"):
-            old_logp = frozen_logprobs(parts.policy, t, cfg.rollout.temperature, cfg.optim.micro_batch_size, False)
+            old_logp = frozen_logprobs(parts.policy, t, cfg.rollout.temperature, micros, False)
     with timer.phase("update"):
         for g in loop.optimizer.param_groups:
             g["lr"] = lr_at(step, cfg)
         updates = [optimizer_step(parts.policy, t, loop.optimizer, cfg, old_logp, ref_logp, first=(u == 0),
-                                  norm=norm, dist=loop.dist) for u in range(cfg.loss.updates_per_batch)]
+                                  norm=norm, dist=loop.dist, micros=micros) for u in range(cfg.loss.updates_per_batch)]
     stats = {**updates[0].summary(), "loss": updates[-1].loss, "grad_norm": updates[-1].grad_norm}
     return Learned(float(rewards.mean()), float(rewards.std()), zero_signal_fraction(rewards, cfg.rollout.group_size),
                    float(adv.abs().mean()), lr_at(step, cfg), values, stats)

@@ -154,9 +154,14 @@ class StepRecord:
     rank_rollout_tokens: tuple[int, ...] | None = None
     gpu: Mapping[str, Mapping[str, float]] | None = None  # per phase (telemetry.gpu_phase_summary) when sampled
     entropy_mean: float | None = None  # the policy's entropy per completion token, nats (records before: None)
+    update_tokens: int | None = None  # non-pad [prompt | completion] tokens through one update's forward passes
+    update_padded_tokens: int | None = None  # the same with each pass's padding: the update's padding overhead
 
     GROUPED: ClassVar[tuple[str, ...]] = ("reward_components", "completion_rewards", "curriculum",
-                                          "rank_rollout_ms", "rank_rollout_tokens", "gpu", "entropy_mean")
+                                          "rank_rollout_ms", "rank_rollout_tokens", "gpu", "entropy_mean",
+                                          "update_tokens", "update_padded_tokens")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("rank_rollout_ms", "rank_rollout_tokens", "gpu", "entropy_mean",
+                                           "update_tokens", "update_padded_tokens")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -169,7 +174,7 @@ class StepRecord:
             elif f.name == "curriculum":
                 if value is not None:
                     out.update({f"curriculum_{k}": v for k, v in asdict(value).items()})
-            elif f.name in ("rank_rollout_ms", "rank_rollout_tokens", "gpu", "entropy_mean"):
+            elif f.name in self.OPTIONAL:
                 if value is not None:
                     out[f.name] = list(value) if isinstance(value, tuple) else value
             else:
@@ -193,5 +198,6 @@ class StepRecord:
         ranks = {n: tuple(d[n]) for n in ("rank_rollout_ms", "rank_rollout_tokens") if n in d}
         components = {k.removeprefix("reward/"): v for k, v in d.items() if k.startswith("reward/")}
         return cls(**plain, reward_components=components, curriculum=curriculum, gpu=d.get("gpu"), **ranks,
-                   entropy_mean=d.get("entropy_mean"),
+                   entropy_mean=d.get("entropy_mean"), update_tokens=d.get("update_tokens"),
+                   update_padded_tokens=d.get("update_padded_tokens"),
                    completion_rewards={n: tuple(v) for n, v in d["completion_rewards"].items()})
