@@ -12,7 +12,8 @@ from scalelab.grpo.heldout import compare, load_eval
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "h200" / "grpo"
 RUNS = ["seeds/seed0", "hacking/exploit", "staleness/k8", "qwen2.5-coder-0.5b-gsm8k/recipe-lr2e-5-s0",
-        "qwen2.5-coder-0.5b-gsm8k/recipe-lr5e-5-s0"]
+        "qwen2.5-coder-0.5b-gsm8k/recipe-lr5e-5-s0", "qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0",
+        "qwen2.5-coder-0.5b-gsm8k/recipe-lr2e-4-s0"]
 REAL = [r for r in RUNS if r.startswith("qwen")]
 
 

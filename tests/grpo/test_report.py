@@ -46,10 +46,10 @@ def gpu_event(step: int, t_s: list[float], util: list[float], phase: list[str]) 
             "mem_used_bytes": [2**30] * len(t_s), "phase": phase}
 
 
-def make_run(tmp_path, gpu: bool = True) -> RunDir:
+def make_run(tmp_path, gpu: bool = True, *overrides: str) -> RunDir:
     cfg = load_config(GrpoConfig, None, [f"run.out_dir={tmp_path}", "run.name=hand", "train.max_steps=4",
                                         "loss.kl_coef=0.05", "data.rewards=['correctness','format']",
-                                        "data.reward_weights=[1.0,0.5]"])
+                                        "data.reward_weights=[1.0,0.5]", *overrides])
     run = RunDir(cfg.run_dir).create(cfg)
     run.write_predictions({"step": PREDICTED, "hardware": "cpu"})
     run.log_event("gpu_monitor", available=gpu, reason="" if gpu else "NVML unavailable (test)", hz=2.0)
@@ -83,6 +83,15 @@ def test_report_shows_hand_computed_shares_ratios_and_dead_zones(tmp_path):
     for name in ("step_time", "rewards", "kl", "lengths", "gpu"):
         assert (run.path / "figures" / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
         assert f"figures/{name}.png" in text
+
+
+@pytest.mark.parametrize("log_kl, text", [
+    # kl_mean = 0.01 * step over 4 steps: quarters 0 -> 0.03, max 0.03
+    ("true", "Mean k3 KL to the reference per token: 0 (first quarter) -> 0.03 (last), max 0.03. Measured only"),
+    ("false", "loss.kl_coef = 0 and loss.log_kl off: no reference pass, so the logged KL is 0 by construction.")])
+def test_kl_at_kl_coef_zero_is_reported_when_it_was_measured(tmp_path, log_kl, text):
+    run = make_run(tmp_path, False, "loss.kl_coef=0", f"loss.log_kl={log_kl}")
+    assert text in build_report(run.path).read_text()
 
 
 def test_cpu_run_says_no_nvml_samples_and_draws_no_gpu_figure(tmp_path, capsys):

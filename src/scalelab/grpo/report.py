@@ -117,6 +117,7 @@ class ReportData:
     run_name: str
     max_steps: int
     kl_coef: float
+    kl_logged: bool  # the reference pass ran (loss.log_kl, or kl_coef > 0): the KL is measured, not 0 by fiat
     steps: tuple[StepRecord, ...]  # last per step
     reward_components: tuple[str, ...]  # metrics keys, e.g. "reward/correctness"
     shares: tuple[PhaseShare, ...]
@@ -318,7 +319,7 @@ def summarize(run_dir: str | Path, rule: DeadZoneRule = DeadZoneRule(),
     trace = gpu_trace(events)
     return ReportData(
         run_dir=str(rd.path), run_name=cfg.run.name, max_steps=cfg.train.max_steps, kl_coef=cfg.loss.kl_coef,
-        steps=steps, reward_components=tuple(f"reward/{n}" for n in cfg.data.rewards),
+        kl_logged=cfg.loss.log_kl or cfg.loss.kl_coef > 0, steps=steps, reward_components=tuple(f"reward/{n}" for n in cfg.data.rewards),
         shares=phase_shares(steps), comparisons=comparisons(pred, steps), flags=monitor_flags(steps, th),
         gpu=trace, gpu_reason=str(monitor[-1].get("reason", "")) if monitor else "no gpu_monitor event",
         dead_zones=find_dead_zones(trace, rule), dead_rule=rule,
@@ -456,11 +457,13 @@ def _rewards_md(d: ReportData) -> list[str]:
 
 def _kl_md(d: ReportData) -> list[str]:
     kl = _series(d, lambda s: s.kl_mean)
-    if d.kl_coef == 0:
-        text = "loss.kl_coef = 0: no reference pass, so the logged KL is 0 by construction."
+    if not d.kl_logged:
+        text = "loss.kl_coef = 0 and loss.log_kl off: no reference pass, so the logged KL is 0 by construction."
     else:
         a, b = quarter_means(kl)
         text = f"Mean k3 KL to the reference per token: {a:.4g} (first quarter) -> {b:.4g} (last), max {max(kl):.4g}."
+        if d.kl_coef == 0:
+            text += " Measured only (loss.kl_coef = 0: the KL is not in the loss)."
     return ["## KL to reference", "", text, "", "![kl](figures/kl.png)", ""]
 
 
