@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GRPO of the real Qwen2.5-Coder-0.5B-Instruct on GSM8K on one H200 (configs/grpo/qwen2.5-coder-0.5b-gsm8k-h200.toml,
 # one run per learning rate side by side), the shipped recipe's collapse beside its defense (the format reward
-# gated by correctness), and the base model's battery; then each recipe run's policy exported and scored on
-# MATH-500 (out of domain) and GSM8K through a vLLM server. One window of WORK_S seconds on a warm machine:
+# gated by correctness), the staleness ablation, the update's speed alone, and the base model's battery; each
+# recipe run's policy is then exported and scored on MATH-500 (out of domain) through a vLLM server. One window of WORK_S seconds on a warm machine:
 #   bash bench/gpu_grpo_real.sh prep [CHUNK_DIR]     here: the chunk set (the GGUF, the wheels the image lacks, the
 #                                                    GSM8K and MATH-500 data) in chunks (default /tmp/grpo-chunks)
 #   bash bench/gpu_grpo_real.sh bundle               unpack the vLLM bundle (carry .gpu-bundle)
@@ -13,8 +13,10 @@
 #   bash bench/gpu_grpo_real.sh poll SECONDS         wait up to SECONDS (or until work ends), results to $OUT/runs.tgz
 # Every part resumes (run checkpoints, per-task battery records), so `work` run again continues a cut-off window.
 #   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), WORK_S (default 1140), SEED (default 0),
-#        LRS (default "2e-5 5e-5"), PARTS (default "battery recipe collapse"), AFTER_TASKS (the exported policies'
-#        battery, default math500: GSM8K is the run's own final evaluation), RECIPE_SETS (more `--set K=V`
+#        LRS (default "2e-5 5e-5"), PARTS (default "battery recipe collapse", side by side; also "staleness"),
+#        SOLO_PARTS (run first, alone, e.g. "update_bench"), STALE_STEPS, STALE_JOBS (default 40, 3),
+#        AFTER_TASKS (the exported policies' battery, default math500: GSM8K is the run's own final evaluation),
+#        RECIPE_SETS (more `--set K=V`
 #        arguments for the recipe runs, e.g. "--set train.max_steps=100"), SCALELAB_GIT_SHA (the commit, as
 #        the copied tree has no .git)
 set -uo pipefail
@@ -95,6 +97,24 @@ collapse() {  # the shipped recipe on the real model (as a new user ran it), the
     --set 'data.rewards=["correctness", "format_gated"]'
 }
 
+update_bench() {  # the update alone on the GPU beside the measured matmul rate (SOLO_PARTS: before the rest)
+  mkdir -p "$RUNS/update-bench"
+  timeout -s INT "$(left)" python3 bench/grpo_update_bench.py --out "$RUNS/update-bench/update_bench.json" \
+    --metrics results/h200/grpo/qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0/metrics.jsonl.gz >> "$LOGS/update_bench.log" 2>&1
+}
+
+staleness() {  # k = 0,1,2,4,8 at seed 0 with the IS correction at k = 4 and 8, then k = 0 and 4 at seed 1: 40 steps
+  # of 32 x 8 each, STALE_JOBS at once; held-out: 500 problems at the end and every 10 steps. Resumable: a finished
+  # variant is skipped, a cut one continues from its last checkpoint (every 5 steps).
+  local common=(--config "$RECIPE" --set run.out_dir="\"$RUNS\"" --set train.max_steps=${STALE_STEPS:-40}
+                --set train.budget_s=0 --set train.checkpoint_every=5 --set eval.limit=500 --set eval.every=10
+                --set eval.curve_limit=500 --jobs "${STALE_JOBS:-3}")
+  timeout -s TERM "$(left)" python3 -m scalelab.cli grpo staleness "${common[@]}" --set run.name='"staleness-s0"' \
+    --k 0,1,2,4,8 --is-k 4,8 >> "$LOGS/staleness-s0.log" 2>&1
+  timeout -s TERM "$(left)" python3 -m scalelab.cli grpo staleness "${common[@]}" --set run.name='"staleness-s1"' \
+    --set train.seed=1 --k 0,4 >> "$LOGS/staleness-s1.log" 2>&1
+}
+
 battery() {  # the base model's battery (resumable per task): multiple choice through lm-eval, then generation
   timeout -s INT "$(left)" python3 -m scalelab.cli evals battery --model "$NAME" --out "$RUNS/battery-$NAME" \
     --data-dir /tmp/data ${BATTERY_TASKS:+--tasks $BATTERY_TASKS} --engine-flag gpu-memory-utilization=0.1 \
@@ -109,6 +129,7 @@ pack() {  # every run folder without weights or engine files, as one archive: a 
 
 work() {
   local part pids=()
+  for part in ${SOLO_PARTS:-}; do "$part"; done  # alone on the GPU, one after another
   for part in $PARTS; do "$part" & pids+=($!); sleep 5; done
   wait "${pids[@]}"
   echo "work done after $SECONDS s" > "$RUNS/work.done"

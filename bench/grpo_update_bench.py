@@ -30,7 +30,7 @@ QWEN05 = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num
               rms_norm_eps=1e-6, tie_word_embeddings=False)  # Qwen/Qwen2.5-0.5B-Instruct config.json; untied as the GGUF
 TINY = dict(QWEN05, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512)  # --shape tiny: a CPU check of the bench itself
-VARIANTS = {"fixed8-full": (8, 0, False), "fixed8-chunked": (8, 0, True), "budget-chunked": (64, 12288, True)}
+VARIANTS = {"fixed8-full": (8, 0, False), "fixed8-chunked": (8, 0, True), "budget-chunked": (64, None, True)}
 
 
 class LogitsOnly(torch.nn.Module):
@@ -124,7 +124,7 @@ def time_variant(policy, t, rows: int, tokens: int, chunked: bool, reps: int) ->
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--metrics", type=Path, required=True)
     ap.add_argument("--step", type=int, default=0)
@@ -132,7 +132,8 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--shape", choices=["qwen2.5-0.5b", "tiny"], default="qwen2.5-0.5b")
-    a = ap.parse_args()
+    ap.add_argument("--budget-tokens", type=int, default=12288, help="budget-chunked's padded tokens per pass")
+    a = ap.parse_args(argv)
     shape = QWEN05 if a.shape == "qwen2.5-0.5b" else TINY
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_default_device(device)
@@ -146,7 +147,8 @@ def main() -> None:
            "completion_tokens": int(t.mask.sum()), "metrics": str(a.metrics), "step": a.step, "variants": {}}
     print(f"bf16 matmul {peak:.0f} TFLOP/s; {t.n} sequences, {seq_tokens} tokens, N = {n_linear / 1e6:.0f}M")
     for name in a.variants.split(","):
-        r = time_variant(policy, t, *VARIANTS[name], a.reps)
+        rows, tokens, chunked = VARIANTS[name]
+        r = time_variant(policy, t, rows, a.budget_tokens if tokens is None else tokens, chunked, a.reps)
         flops = 6 * n_linear * seq_tokens + 2 * n_linear * seq_tokens  # update + reference pass
         r["mfu"] = flops / (r["update_s"] + r["reference_s"]) / (peak * 1e12)
         r["update_mfu"] = 6 * n_linear * seq_tokens / r["update_s"] / (peak * 1e12)
@@ -157,7 +159,8 @@ def main() -> None:
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(out, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -53,6 +53,12 @@ def test_finished_variants_are_skipped_and_unfinished_ones_resume(tmp_path):
         run_variants(None, overrides(tmp_path), [variants[0], variants[0]], trainer=again)
 
 
+def test_the_correction_only_for_the_listed_staleness():
+    names = [v.name for v in staleness_variants([0, 1, 2, 4, 8], is_correction=[4, 8])]
+    assert names == ["k0", "k1", "k2", "k4", "k8", "k4-is", "k8-is"]
+    assert [v.name for v in staleness_variants([0, 4], is_correction=[0])] == ["k0", "k4"]  # k = 0 has none
+
+
 def test_staleness_variants_by_name():
     names = [(v.name, v.overrides[:2]) for v in staleness_variants([0, 2], is_correction=True)]
     assert names == [("k0", ("rollout.staleness=0", "loss.is_correction=false")),

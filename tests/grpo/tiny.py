@@ -61,12 +61,13 @@ def with_eos_bias(model, bias: float, eos_id: int = 1):
 
 def tiny_parts(cfg, seed: int = 0, eos_bias: float = 0.0):
     """The run's Parts with the tiny model in place of cfg.model: real task examples (every curriculum stage, the
-    held-out split when eval.at_end) and real reward functions from the config."""
+    held-out split when eval.at_end or eval.every) and real reward functions from the config."""
     from scalelab.grpo.parts import Parts, heldout_examples, prepare_policy, reward_functions, training_stages
     model = tiny_llama(seed=seed)
     if eos_bias:
         model = with_eos_bias(model, eos_bias)
     policy, reference = prepare_policy(model, cfg)
     stages = training_stages(cfg)
+    held = heldout_examples(cfg) if cfg.eval.at_end or cfg.eval.every else None
     return Parts(policy, tiny_tokenizer(), stages[-1], reward_functions(cfg), reference,
-                 stages if len(stages) > 1 else None, heldout_examples(cfg) if cfg.eval.at_end else None)
+                 stages if len(stages) > 1 else None, held)

@@ -67,6 +67,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=_ints, default=[0, 1, 2, 4, 8], help="comma-separated staleness values")
     p.add_argument("--is-correction", action="store_true",
                    help="also run every k > 0 with the truncated importance-sampling correction (loss.is_correction)")
+    p.add_argument("--is-k", type=_ints, default=None,
+                   help="comma-separated k that also run with the correction (instead of every k > 0)")
     p.set_defaults(func=_staleness)
 
     p = verbs.add_parser("hacking", help="train on a deliberately exploitable reward and on the defended one; "
@@ -142,7 +144,8 @@ def _seeds(args: argparse.Namespace) -> int:
 
 def _staleness(args: argparse.Namespace) -> int:
     from scalelab.grpo.stalestudy import staleness_study
-    out = staleness_study(args.config, args.set, args.k, args.is_correction, heldout=not args.no_heldout,
+    corrected = args.is_k if args.is_k is not None else args.is_correction
+    out = staleness_study(args.config, args.set, args.k, corrected, heldout=not args.no_heldout,
                           isolate=_isolate(args), jobs=args.jobs)
     print(out.read_text())
     print(f"wrote {out}, {out.with_suffix('.json')} and {out.parent / 'figures'}/staleness_*.png")

@@ -228,6 +228,9 @@ class EvalConfig:
     max_new_tokens: int = param(0, "completion budget; 0 = rollout.max_new_tokens", ge=0)
     prompts_per_call: int = param(64, "prompts per engine.generate call", ge=1)
     at_end: bool = param(False, "score the base policy before step 0 and the trained one after the last step")
+    every: int = param(0, "a held-out learning curve: greedy pass@1 on the first curve_limit held-out examples "
+                          "every N optimizer steps and at step 0 (event heldout_curve); 0 = off", ge=0)
+    curve_limit: int = param(500, "held-out examples of each curve point (the first of the eval.limit)", ge=1)
     bootstrap_resamples: int = param(10_000, "resamples of the paired bootstrap CI of trained - base", ge=100)
     confidence: float = param(0.95, "level of every confidence interval", gt=0.5, le=0.999)
 

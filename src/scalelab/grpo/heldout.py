@@ -89,7 +89,7 @@ def default_scorer(example: Any, text: str) -> bool:
 def base_key(cfg: GrpoConfig) -> str:
     """What the base policy's held-out result depends on (not the training seed, the steps or the loss)."""
     e = asdict(cfg.eval)
-    for k in ("at_end", "bootstrap_resamples", "confidence"):  # change the comparison, not the scores
+    for k in ("at_end", "bootstrap_resamples", "confidence", "every", "curve_limit"):  # not the scores
         e.pop(k)
     fields = {"model": cfg.model.name, "dtype": cfg.model.dtype, "task": cfg.data.task,
               "task_options": cfg.data.task_options, "source": cfg.data.source, "eval": e,

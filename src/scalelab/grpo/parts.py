@@ -90,8 +90,9 @@ def build_parts(cfg: GrpoConfig) -> Parts:
                                       cfg.model.cache_dir or None)
     policy, reference = prepare_policy(model, cfg)
     stages = training_stages(cfg)
+    held = heldout_examples(cfg) if cfg.eval.at_end or cfg.eval.every else None
     return Parts(policy, tokenizer, stages[-1], reward_functions(cfg), reference,
-                 stages if len(stages) > 1 else None, heldout_examples(cfg) if cfg.eval.at_end else None)
+                 stages if len(stages) > 1 else None, held)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from scalelab.core.jsonio import is_stored
 from scalelab.core.numfmt import num
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import GrpoConfig, load_grpo_config
+from scalelab.grpo.curve import read_curve
 from scalelab.grpo.plots import PHASE_COLORS, figure, finish, length_histograms, save
 from scalelab.grpo.steps import steps_from_events
 from scalelab.grpo.types import StepRecord
@@ -130,6 +131,7 @@ class ReportData:
     wall_s: float | None  # results.json, when present
     has_predictions: bool = True
     heldout: dict | None = None  # eval/summary.json
+    curve: tuple[dict, ...] = ()  # heldout_curve events (eval.every), by step
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +326,8 @@ def summarize(run_dir: str | Path, rule: DeadZoneRule = DeadZoneRule(),
         gpu=trace, gpu_reason=str(monitor[-1].get("reason", "")) if monitor else "no gpu_monitor event",
         dead_zones=find_dead_zones(trace, rule), dead_rule=rule,
         wall_s=_float(results["wall_s_this_launch"]) if "wall_s_this_launch" in results else None,
-        has_predictions=pred is not None, heldout=rd.read_optional("eval/summary.json"))
+        has_predictions=pred is not None, heldout=rd.read_optional("eval/summary.json"),
+        curve=tuple(read_curve(events)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,6 +480,19 @@ def _lengths_md(d: ReportData) -> list[str]:
             f"{np.percentile(last, 90):.0f}. Histograms: {source}.", "", "![lengths](figures/lengths.png)", ""]
 
 
+def _curve_md(d: ReportData) -> list[str]:
+    if not d.curve:
+        return []
+    best = max(d.curve, key=lambda p: p["greedy_pass1"])
+    pct = lambda x: "—" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    rows = [f"| {p['step']} | {pct(p['greedy_pass1'])} | {pct(p.get('strict_pass1'))} | {p['greedy_tokens_mean']:.0f} |"
+            for p in d.curve]
+    return ["## Held-out curve", "",
+            f"Greedy pass@1 on the first {d.curve[0]['n']} held-out examples every few steps (eval.every); the best "
+            f"point is step {best['step']} at {100 * best['greedy_pass1']:.1f}%.", "",
+            "| step | greedy pass@1 | strict | mean tokens |", "|---:|---:|---:|---:|", *rows, ""]
+
+
 def _heldout_md(d: ReportData) -> list[str]:
     h = d.heldout
     if h is None:
@@ -543,7 +559,7 @@ def _monitor_md(d: ReportData) -> list[str]:
 
 
 def render_markdown(d: ReportData) -> str:
-    return "\n".join([*_headline_md(d), *_step_time_md(d), *_rewards_md(d), *_heldout_md(d), *_curriculum_md(d),
+    return "\n".join([*_headline_md(d), *_step_time_md(d), *_rewards_md(d), *_heldout_md(d), *_curve_md(d), *_curriculum_md(d),
                       *_kl_md(d), *_lengths_md(d), *_gpu_md(d), *_comparison_md(d), *_monitor_md(d)])
 
 

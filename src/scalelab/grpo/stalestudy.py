@@ -29,12 +29,15 @@ SERIES = (("reward_mean", "mean reward"), ("loss", "loss"), ("kl_mean", "KL to r
           ("behavior_mismatch_k3", "behaviour vs current policy (k3, nats/token)"))
 
 
-def staleness_variants(ks: Sequence[int], is_correction: bool = False, heldout: bool = True) -> list[Variant]:
-    """k<k> without correction for every k; k<k>-is with it for every k > 0 when asked."""
+def staleness_variants(ks: Sequence[int], is_correction: bool | Sequence[int] = False,
+                       heldout: bool = True) -> list[Variant]:
+    """k<k> without correction for every k; k<k>-is with it for every k > 0 when `is_correction` is True, or for
+    the k it lists (e.g. only the staler 4 and 8, where the correction has something to correct)."""
     ev = ("eval.at_end=true",) if heldout else ()
     out = [Variant(f"k{k}", (f"rollout.staleness={k}", "loss.is_correction=false", *ev)) for k in ks]
-    if is_correction:
-        out += [Variant(f"k{k}-is", (f"rollout.staleness={k}", "loss.is_correction=true", *ev)) for k in ks if k > 0]
+    corrected = [k for k in ks if k > 0] if is_correction is True else list(is_correction or [])
+    out += [Variant(f"k{k}-is", (f"rollout.staleness={k}", "loss.is_correction=true", *ev)) for k in corrected
+            if k > 0]
     return out
 
 
@@ -117,7 +120,7 @@ def plot_final(rows: Sequence[dict], path: Path) -> Path:
 
 
 def staleness_study(config: str | Path | None, overrides: Sequence[str], ks: Sequence[int],
-                    is_correction: bool = False, heldout: bool = True, trainer: Trainer | None = None,
+                    is_correction: bool | Sequence[int] = False, heldout: bool = True, trainer: Trainer | None = None,
                     isolate: bool = False, log: Callable[[str], None] = print, jobs: int = 1) -> Path:
     """Train (or skip) every variant, then write staleness.json/.md and the figures; returns staleness.md."""
     runs = run_variants(config, overrides, staleness_variants(ks, is_correction, heldout), trainer, isolate, log,

@@ -31,7 +31,7 @@ from scalelab.core.config import config_hash
 from scalelab.core.rundir import RunDir
 from scalelab.evals.codetasks import sandbox_record
 from scalelab.evals.tasks import get_task
-from scalelab.grpo import heldout
+from scalelab.grpo import curve, heldout
 from scalelab.grpo.advantages import (LossSettings, Normalizer, group_advantages, grpo_loss, k3_kl,
                                       zero_signal_fraction)
 from scalelab.grpo.batch import Micro, StepTensors, collate, frame_logprobs_entropy, frozen_logprobs, micro_batches
@@ -450,6 +450,27 @@ def eval_base(loop: Loop) -> None:
         run_eval(loop, "base")
 
 
+def log_curve(loop: Loop, steps_done: int, log: Callable[[str], None]) -> None:
+    """A held-out curve point for the policy after `steps_done` steps (eval.every); step 0 reuses the base
+    evaluation when there is one (the curve's examples are its first ones)."""
+    cfg = loop.cfg
+    if not (loop.dist.is_main and curve.due(cfg, steps_done)):
+        return
+    base = heldout.load_eval(loop.run.path, "base", heldout.base_key(cfg)) if steps_done == 0 else None
+    if base is not None and len(base.examples) >= cfg.eval.curve_limit:
+        pt = curve.point(base, cfg, 0, "base evaluation")
+    else:
+        if loop.engine.weights_version != steps_done:
+            sync_weights(loop.sync_method, loop.parts.policy, loop.engine, steps_done, loop.engine_dir / "sync")
+        loop.monitor.mark("eval")
+        try:
+            pt = curve.measure(loop.engine, loop.parts.tokenizer, loop.parts.heldout, cfg, steps_done)
+        finally:
+            loop.monitor.mark("other")
+    loop.run.log_event("heldout_curve", **pt)
+    log(f"held-out curve, step {steps_done}: greedy pass@1 {pt['greedy_pass1']:.1%} on {pt['n']} examples")
+
+
 def eval_trained(loop: Loop, log: Callable[[str], None]) -> None:
     cfg, run, final = loop.cfg, loop.run, loop.cfg.train.max_steps
     trained = heldout.load_eval(run.path, "trained", heldout.base_key(cfg))
@@ -524,10 +545,13 @@ def run_steps(loop: Loop, start: int, log: Callable[[str], None], launched: floa
     t0 = time.perf_counter() if launched is None else launched
     if cfg.eval.at_end and start == 0 and loop.dist.is_main:
         eval_base(loop)
+    if start == 0:
+        log_curve(loop, 0, log)
     for step in range(start, cfg.train.max_steps):
         rec = run_step(loop, step)
         run.log_event("grpo_step", **rec.to_json())
         log(step_line(rec))
+        log_curve(loop, step + 1, log)
         every, last = cfg.train.checkpoint_every, step + 1 == cfg.train.max_steps
         stop = not last and over_budget(cfg, t0, loop.dist)
         if loop.dist.is_main and (last or stop or (every and (step + 1) % every == 0)):
