@@ -130,3 +130,48 @@ def test_the_step_record_counts_the_update_tokens_and_their_padding(tmp_path):
         # every row's prompt (>= 1 token) and completion passes through the forward once; padding only adds
         assert rec["update_tokens"] >= sum(rec["completion_lengths"]) + n
         assert rec["update_padded_tokens"] >= rec["update_tokens"]
+
+
+def test_skipping_zero_signal_groups_rescales_the_gradient_and_nothing_else(tmp_path):
+    """At kl_coef 0 a group of equal rewards has advantage 0 and no gradient: leaving it out changes the
+    token-mean's denominator only, so the step is the full one times all tokens / kept tokens."""
+    from scalelab.grpo.advantages import Normalizer, group_advantages
+    from scalelab.grpo.train import signal_rows
+    cfg, parts, t = _tensors(tmp_path, "optim.micro_batch_size=5", "loss.kl_coef=0")
+    rewards = torch.tensor([1.0] * 4 + [0.0, 1.0, 0.0, 0.0] + [0.0, 0.0, 2.0, 1.0])  # group 0: no signal
+    assert signal_rows(rewards, 4) == list(range(4, 12))
+    assert sorted(i for m in micro_batches(t, 5, 0, signal_rows(rewards, 4)) for i in m.rows.tolist()) == list(
+        range(4, 12))
+    t = collate_like(t, group_advantages(rewards, 4))
+    all_tokens, kept_tokens = float(t.mask.sum()), float(t.mask[4:].sum())
+    deltas = []
+    for rows, tokens in ((None, all_tokens), (signal_rows(rewards, 4), kept_tokens)):
+        _, parts, _ = _tensors(tmp_path, "optim.micro_batch_size=5")  # the same initial weights
+        opt = torch.optim.SGD(parts.policy.parameters(), lr=1.0)
+        before = trainable_state(parts.policy)
+        norm = Normalizer(t.n if rows is None else len(rows), int(tokens), cfg.rollout.max_new_tokens)
+        optimizer_step(parts.policy, t, opt, cfg, None, None, first=True, norm=norm,
+                       micros=micro_batches(t, 5, 0, rows))
+        deltas.append({k: v - before[k] for k, v in trainable_state(parts.policy).items()})
+    assert any(deltas[0][k].abs().max() > 0 for k in deltas[0])
+    for k in deltas[0]:
+        torch.testing.assert_close(deltas[1][k], deltas[0][k] * (all_tokens / kept_tokens), atol=1e-6, rtol=1e-4)
+
+
+def collate_like(t, advantages):
+    from dataclasses import replace
+    return replace(t, advantages=advantages)
+
+
+def test_a_step_whose_groups_all_lack_signal_still_steps_cleanly(tmp_path):
+    from scalelab.grpo.train import train
+    from tests.grpo.test_train import steps
+    # a reward no completion can earn: every group is all zeros, every row is skipped
+    cfg, parts = make(tmp_path, "none", "model.lora.r=4", "train.max_steps=2", "loss.skip_zero_signal=true")
+    parts = type(parts)(parts.policy, parts.tokenizer, parts.examples, [("never", 1.0, lambda texts, exs: [0.0] * len(texts))],
+                        parts.reference)
+    before = trainable_state(parts.policy)
+    train(cfg, parts, log=lambda s: None)
+    recs = steps(tmp_path, "none")
+    assert [r["update_tokens"] for r in recs] == [0, 0] and all(r["zero_signal_frac"] == 1.0 for r in recs)
+    assert all(torch.equal(v, before[k]) for k, v in trainable_state(parts.policy).items())

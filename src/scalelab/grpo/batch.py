@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.utils.checkpoint
@@ -63,14 +63,18 @@ class Micro:
         return x[self.rows, :self.width]
 
 
-def micro_batches(t: StepTensors, max_rows: int, max_tokens: int = 0) -> list[Micro]:
+def micro_batches(t: StepTensors, max_rows: int, max_tokens: int = 0,
+                  rows: Sequence[int] | None = None) -> list[Micro]:
     """The step's rows in forward passes of at most `max_rows` rows; with `max_tokens`, longest first and at most
     that many padded tokens each (rows x longest), so short answers share a pass instead of being padded to the
     step's longest (GSM8K answers run 20 to 512 tokens: fixed slices pad ~40% of the batch). One row longer than
-    max_tokens runs alone. The loss's normalizer is the step's, so the grouping changes no gradient."""
+    max_tokens runs alone. The loss's normalizer is the step's, so the grouping changes no gradient. `rows`: only
+    these rows get a pass (loss.skip_zero_signal)."""
     lengths = t.attention_mask.sum(1).tolist()
-    order = sorted(range(t.n), key=lambda i: -lengths[i]) if max_tokens else list(range(t.n))
-    groups: list[list[int]] = [[]]
+    order = list(range(t.n)) if rows is None else list(rows)
+    if max_tokens:
+        order.sort(key=lambda i: -lengths[i])
+    groups: list[list[int]] = [[]] if order else []
     for i in order:
         cur = groups[-1]
         longest = max([lengths[j] for j in cur] + [lengths[i]])

@@ -170,6 +170,10 @@ class LossConfig:
     clip_high: float = param(0.2, "ratio ceiling 1 + clip_high; > clip_low is DAPO's clip-higher (Yu et al. 2025)",
                              ge=0.0)
     kl_coef: float = param(0.0, "beta of the k3 KL penalty to the reference (DeepSeekMath eq. 4)", ge=0.0)
+    skip_zero_signal: bool = param(False, "leave groups whose rewards are all equal (advantage 0: no gradient "
+                                          "at kl_coef 0) out of the reference pass, the update and the token "
+                                          "normalizer; DAPO's dynamic-sampling filter (Yu et al. 2025) without "
+                                          "the refill. KL, entropy and clip fraction are then over the kept groups")
     log_kl: bool = param(True, "run the reference pass on the sampled tokens every step even at kl_coef = 0, so "
                                "KL(pi || ref) (k3) is logged; costs one forward of the batch (the 'reference' "
                                "phase), and with full-weight training a frozen copy of the model")

@@ -144,7 +144,7 @@ def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer
     settings, stats = loss_settings(cfg), UpdateStats()
     policy.train()
     optimizer.zero_grad(set_to_none=True)
-    for m in micros or step_micros(t, cfg):
+    for m in step_micros(t, cfg) if micros is None else micros:
         logp, entropy = frame_logprobs_entropy(policy, t, m, cfg.rollout.temperature, entropy=first)
         old = m.take(old_logp) if old_logp is not None else logp.detach()
         terms = grpo_loss(logp, old, t.advantages[m.rows], m.take(t.mask), norm, settings,
@@ -165,6 +165,9 @@ def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer
             stats.entropy_sum += float((entropy * mask).sum())
             stats.entropy_tokens += float(mask.sum())
     params = [p for p in policy.parameters() if p.requires_grad]
+    for p in params:  # a rank whose rows were all skipped (loss.skip_zero_signal) still joins the reduction
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
     dist.all_reduce_grads(params)
     stats = stats.summed(dist)
     stats.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or math.inf))
@@ -172,8 +175,15 @@ def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer
     return stats
 
 
-def step_micros(t: StepTensors, cfg: GrpoConfig) -> list[Micro]:
-    return micro_batches(t, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens)
+def step_micros(t: StepTensors, cfg: GrpoConfig, rows: Sequence[int] | None = None) -> list[Micro]:
+    return micro_batches(t, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens, rows)
+
+
+def signal_rows(rewards: torch.Tensor, group_size: int) -> list[int]:
+    """Rows (of the whole batch) whose group's rewards are not all equal: the rows a zero advantage spares."""
+    grouped = rewards.view(-1, group_size)
+    has = (grouped.max(dim=1).values != grouped.min(dim=1).values).tolist()
+    return [g * group_size + j for g, keep in enumerate(has) if keep for j in range(group_size)]
 
 
 def make_optimizer(policy: Any, cfg: GrpoConfig) -> torch.optim.Optimizer:
@@ -290,8 +300,13 @@ def learn(loop: Loop, step: int, batch: RolloutBatch, plan: BatchPlan, timer: Ph
     pad = parts.tokenizer.pad_token_id if parts.tokenizer.pad_token_id is not None else 0
     t = collate(take_rows(batch, rows), adv[rows.start:rows.stop], pad, loop.device)
     norm = Normalizer(len(batch.texts), batch.num_tokens, cfg.rollout.max_new_tokens)  # the whole batch's counts
+    kept = None
+    if cfg.loss.skip_zero_signal:
+        kept = signal_rows(rewards, G)
+        norm = Normalizer(len(kept), sum(batch.lengths[i] for i in kept), cfg.rollout.max_new_tokens)
+        kept = [i - rows.start for i in kept if i in rows]  # this rank's, as rows of t
     ref_logp = old_logp = None
-    micros = step_micros(t, cfg)
+    micros = step_micros(t, cfg, kept)
     if cfg.loss.kl_coef > 0 or cfg.loss.log_kl:  # at kl_coef 0 the KL is logged, its gradient is 0
         with timer.phase("reference"):
             ref_model = parts.reference if parts.reference is not None else parts.policy
