@@ -27,7 +27,7 @@ from scalelab.grpo.train import optimizer_step
 
 QWEN05 = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
               num_key_value_heads=2, vocab_size=151_936, max_position_embeddings=32768, rope_theta=1_000_000.0,
-              rms_norm_eps=1e-6, tie_word_embeddings=False)  # Qwen/Qwen2.5-0.5B-Instruct config.json; untied as the GGUF
+              rms_norm_eps=1e-6, tie_word_embeddings=False)  # Qwen2.5-0.5B-Instruct's config.json, untied as the GGUF
 TINY = dict(QWEN05, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512)  # --shape tiny: a CPU check of the bench itself
 VARIANTS = {"fixed8-full": (8, 0, False), "fixed8-chunked": (8, 0, True), "budget-chunked": (64, None, True)}
@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     policy, n_linear = make_policy(shape)
     t = collate(fake_batch(lengths, prompt_tokens, shape["vocab_size"]), torch.randn(len(lengths)), 0, device)
     seq_tokens = int(t.attention_mask.sum())
-    out = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "shape": a.shape, "torch": torch.__version__, "matmul_bf16_tflops": peak,
+    out = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "shape": a.shape,
+           "torch": torch.__version__, "matmul_bf16_tflops": peak,
            "n_linear_params": n_linear, "sequences": t.n, "tokens": seq_tokens,
            "completion_tokens": int(t.mask.sum()), "metrics": str(a.metrics), "step": a.step, "variants": {}}
     print(f"bf16 matmul {peak:.0f} TFLOP/s; {t.n} sequences, {seq_tokens} tokens, N = {n_linear / 1e6:.0f}M")

@@ -137,6 +137,32 @@ def test_a_gguf_shorter_than_its_tensor_table(tmp_path, blob):
         check_gguf(tmp_path / "whole.gguf", "qwen2", len(blob) + 1)
 
 
+def test_the_header_walk_agrees_with_gguf_reader_on_arrays_and_quantized_tensors(tmp_path):
+    """Arrays of strings and of ints are skipped by their lengths, a Q8_0 tensor's size comes from its block
+    size (34 bytes per 32 values), and the data starts at the alignment: the same tensor table end as gguf's
+    own reader, which walks every value."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    path = tmp_path / "mixed.gguf"
+    w = GGUFWriter(str(path), "qwen2")
+    w.add_name("mixed")
+    w.add_array("tokenizer.ggml.tokens", [f"tok{i}" for i in range(300)] + ["é", ""])
+    w.add_array("tokenizer.ggml.token_type", list(range(302)))
+    w.add_chat_template("{{ messages }}")
+    w.add_tensor("token_embd.weight", np.ones((3, 32), dtype=np.float16))
+    w.add_tensor("blk.0.q.weight", np.zeros((4, 34), dtype=np.uint8), raw_dtype=GGMLQuantizationType.Q8_0)
+    w.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    info, reader = read_gguf_info(path), GGUFReader(path)
+    assert info.data_end_bytes == max(t.data_offset + int(t.n_bytes) for t in reader.tensors)
+    assert (info.n_tensors, info.name, info.chat_template, info.has_output_weight) == (3, "mixed",
+                                                                                        "{{ messages }}", False)
+    q8 = next(t for t in reader.tensors if t.name == "blk.0.q.weight")
+    assert int(q8.n_bytes) == 4 * 34
+
+
 def test_another_architecture_is_refused_before_dequantizing(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     llama = write_gguf(tmp_path / "llama.gguf", arch="llama").read_bytes()

@@ -168,8 +168,8 @@ def test_a_step_whose_groups_all_lack_signal_still_steps_cleanly(tmp_path):
     from tests.grpo.test_train import steps
     # a reward no completion can earn: every group is all zeros, every row is skipped
     cfg, parts = make(tmp_path, "none", "model.lora.r=4", "train.max_steps=2", "loss.skip_zero_signal=true")
-    parts = type(parts)(parts.policy, parts.tokenizer, parts.examples, [("never", 1.0, lambda texts, exs: [0.0] * len(texts))],
-                        parts.reference)
+    never = [("never", 1.0, lambda texts, exs: [0.0] * len(texts))]
+    parts = type(parts)(parts.policy, parts.tokenizer, parts.examples, never, parts.reference)
     before = trainable_state(parts.policy)
     train(cfg, parts, log=lambda s: None)
     recs = steps(tmp_path, "none")

@@ -321,7 +321,8 @@ def summarize(run_dir: str | Path, rule: DeadZoneRule = DeadZoneRule(),
     trace = gpu_trace(events)
     return ReportData(
         run_dir=str(rd.path), run_name=cfg.run.name, max_steps=cfg.train.max_steps, kl_coef=cfg.loss.kl_coef,
-        kl_logged=cfg.loss.log_kl or cfg.loss.kl_coef > 0, steps=steps, reward_components=tuple(f"reward/{n}" for n in cfg.data.rewards),
+        kl_logged=cfg.loss.log_kl or cfg.loss.kl_coef > 0, steps=steps,
+        reward_components=tuple(f"reward/{n}" for n in cfg.data.rewards),
         shares=phase_shares(steps), comparisons=comparisons(pred, steps), flags=monitor_flags(steps, th),
         gpu=trace, gpu_reason=str(monitor[-1].get("reason", "")) if monitor else "no gpu_monitor event",
         dead_zones=find_dead_zones(trace, rule), dead_rule=rule,
@@ -485,8 +486,8 @@ def _curve_md(d: ReportData) -> list[str]:
         return []
     best = max(d.curve, key=lambda p: p["greedy_pass1"])
     pct = lambda x: "—" if x is None else f"{100 * x:.1f}%"  # noqa: E731
-    rows = [f"| {p['step']} | {pct(p['greedy_pass1'])} | {pct(p.get('strict_pass1'))} | {p['greedy_tokens_mean']:.0f} |"
-            for p in d.curve]
+    rows = [f"| {p['step']} | {pct(p['greedy_pass1'])} | {pct(p.get('strict_pass1'))} | "
+            f"{p['greedy_tokens_mean']:.0f} |" for p in d.curve]
     return ["## Held-out curve", "",
             f"Greedy pass@1 on the first {d.curve[0]['n']} held-out examples every few steps (eval.every); the best "
             f"point is step {best['step']} at {100 * best['greedy_pass1']:.1f}%.", "",
@@ -559,8 +560,9 @@ def _monitor_md(d: ReportData) -> list[str]:
 
 
 def render_markdown(d: ReportData) -> str:
-    return "\n".join([*_headline_md(d), *_step_time_md(d), *_rewards_md(d), *_heldout_md(d), *_curve_md(d), *_curriculum_md(d),
-                      *_kl_md(d), *_lengths_md(d), *_gpu_md(d), *_comparison_md(d), *_monitor_md(d)])
+    return "\n".join([*_headline_md(d), *_step_time_md(d), *_rewards_md(d), *_heldout_md(d), *_curve_md(d),
+                      *_curriculum_md(d), *_kl_md(d), *_lengths_md(d), *_gpu_md(d), *_comparison_md(d),
+                      *_monitor_md(d)])
 
 
 # ---------------------------------------------------------------------------------------------

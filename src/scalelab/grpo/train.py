@@ -148,7 +148,8 @@ def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer
         logp, entropy = frame_logprobs_entropy(policy, t, m, cfg.rollout.temperature, entropy=first)
         old = m.take(old_logp) if old_logp is not None else logp.detach()
         terms = grpo_loss(logp, old, t.advantages[m.rows], m.take(t.mask), norm, settings,
-                          behavior_logp=m.take(t.behavior_logp), ref_logp=None if ref_logp is None else m.take(ref_logp))
+                          behavior_logp=m.take(t.behavior_logp),
+                          ref_logp=None if ref_logp is None else m.take(ref_logp))
         terms.loss.backward()
         stats.loss += float(terms.loss.detach())
         stats.tokens += terms.tokens
