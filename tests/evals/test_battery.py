@@ -195,6 +195,7 @@ def test_second_run_asks_nothing_and_other_settings_redo_the_task(examples, mode
     try:
         assert battery(fake, model_dir, tmp_path / "out", shared_data) == 0
         first = read_json(tmp_path / "out" / "tasks" / "gsm8k.json")
+        assert first["provenance"]["git_sha"] and first["provenance"]["command"]  # what made this task's record
         assert battery(fake, model_dir, tmp_path / "out", shared_data) == 0
         assert fake.chat_requests == LIMIT  # the stored task was kept: no request
         assert read_json(tmp_path / "out" / "tasks" / "gsm8k.json") == first

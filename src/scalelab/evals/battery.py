@@ -172,7 +172,7 @@ def run_generate(cfg: BatteryConfig, model: ModelInfo, folder: BatteryFolder, sa
                 say(f"{p.spec.name}: failed, not stored: {e}")
                 continue
             write_items(folder, p.spec.name, items)  # items first: a summary marks the task done
-            write_summary(folder, summary)
+            write_summary(folder, summary, provenance.collect())
             say(f"{p.spec.name}: {summary.correct}/{summary.n} in {summary.wall_s:.1f} s")
             done(server)
     return failed
@@ -196,7 +196,7 @@ def run_multiple_choice(cfg: BatteryConfig, model: ModelInfo, folder: BatteryFol
             continue
         summary = run_mc_task(folder, task, model.folder, cfg.data(), cfg.limit, cfg.lm_eval_batch_size, device,
                               dtype, settings, sha)
-        write_summary(folder, summary)
+        write_summary(folder, summary, provenance.collect())
         say(f"{task}: {', '.join(f'{m.name} {m.value:.4f}' for m in summary.metrics)} in {summary.wall_s:.1f} s")
         done({})
 

@@ -120,6 +120,7 @@ Summary = GenSummary | McSummary
 
 
 def summary_from_dict(d: dict[str, Any]) -> Summary:
+    d = {k: v for k, v in d.items() if k != "provenance"}  # the file's, not the summary's (write_summary)
     if d.get("kind") == "mc":
         return McSummary(**{**d, "metrics": tuple(McMetric(**m) for m in d["metrics"])})
     return GenSummary(**d)
@@ -172,8 +173,10 @@ def read_items(folder: BatteryFolder, task: str) -> list[ItemRecord]:
     return [ItemRecord(**r) for r in iter_jsonl(folder.items(task))]
 
 
-def write_summary(folder: BatteryFolder, summary: Summary) -> Path:
-    write_json(folder.summary(summary.task), asdict(summary))
+def write_summary(folder: BatteryFolder, summary: Summary, provenance: dict[str, Any]) -> Path:
+    """The task's summary with what made it (git sha, command): a resumed battery's tasks may come from
+    different invocations, so battery.json's provenance does not speak for each of them."""
+    write_json(folder.summary(summary.task), {**asdict(summary), "provenance": provenance})
     return folder.summary(summary.task)
 
 
