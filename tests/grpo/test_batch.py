@@ -11,6 +11,7 @@ from scalelab.grpo.batch import (Micro, body_and_head, frame_logprobs_entropy, f
                                  micro_batches)
 from scalelab.grpo.checkpoint import trainable_state
 from scalelab.grpo.train import optimizer_step
+from tests.bench_script import load_bench
 from tests.grpo.test_train import _step_tensors, make
 
 
@@ -46,21 +47,10 @@ def test_token_budget_groups_longest_first_and_respects_both_caps(tmp_path):
             assert [i for m in micros for i in m.rows.tolist()] == list(range(t.n))
 
 
-class _LogitsOnly(torch.nn.Module):
-    """A causal LM that exposes no decoder/head split: the full-logits path."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.inner = model
-
-    def forward(self, **kw):
-        return self.inner(**kw)
-
-
 @pytest.mark.parametrize("split", [True, False])
 def test_cropped_micro_batches_and_the_chunked_head_match_the_full_frame(tmp_path, split):
     _, parts, t = _tensors(tmp_path)
-    model = parts.policy.eval() if split else _LogitsOnly(parts.policy.eval())
+    model = parts.policy.eval() if split else load_bench("grpo_update_bench").LogitsOnly(parts.policy.eval())
     assert (body_and_head(model) is not None) == split
     with torch.no_grad():
         want_lp, want_ent = _full_frame(model, t, 0.7)

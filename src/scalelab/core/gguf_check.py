@@ -10,6 +10,7 @@ arrays are skipped by their length prefixes, well under a second.
 """
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,10 +78,7 @@ def _value(f: BinaryIO, vtype: int, keep: bool) -> Any:
 def _tensor_bytes(ggml_type: int, shape: list[int]) -> int:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-    n = 1
-    for d in shape:
-        n *= d
-    return n // block * nbytes
+    return math.prod(shape) // block * nbytes
 
 
 def _walk(f: BinaryIO) -> tuple[dict[str, Any], list[tuple[str, int]], int]:

@@ -74,19 +74,19 @@ def micro_batches(t: StepTensors, max_rows: int, max_tokens: int = 0,
     order = list(range(t.n)) if rows is None else list(rows)
     if max_tokens:
         order.sort(key=lambda i: -lengths[i])
-    groups: list[list[int]] = [[]] if order else []
+    groups: list[tuple[list[int], int]] = []  # (rows, longest of them)
+    cur, longest = [], 0
     for i in order:
-        cur = groups[-1]
-        longest = max([lengths[j] for j in cur] + [lengths[i]])
-        if cur and (len(cur) >= max_rows or (max_tokens and (len(cur) + 1) * longest > max_tokens)):
-            groups.append(cur := [])
+        grown = max(longest, lengths[i])
+        if cur and (len(cur) >= max_rows or (max_tokens and (len(cur) + 1) * grown > max_tokens)):
+            groups.append((cur, longest))
+            cur, grown = [], lengths[i]
         cur.append(i)
+        longest = grown
+    if cur:
+        groups.append((cur, longest))
     p_min = t.input_ids.shape[1] - (t.keep - 1)
-    out = []
-    for g in groups:
-        length = int(max(lengths[i] for i in g))
-        out.append(Micro(torch.tensor(g, device=t.input_ids.device), length, max(length - p_min, 1)))
-    return out
+    return [Micro(torch.tensor(g, device=t.input_ids.device), int(n), max(int(n) - p_min, 1)) for g, n in groups]
 
 
 def frame_logprobs(model: Any, t: StepTensors, m: Micro, temperature: float) -> torch.Tensor:
@@ -131,12 +131,7 @@ def _head_chunk(head: Any, h: torch.Tensor, targets: torch.Tensor, temperature: 
     scaled = head(h).float() / temperature  # (rows, V) fp32: one chunk's worth
     lse = torch.logsumexp(scaled, dim=-1)
     logp = scaled.gather(1, targets[:, None]).squeeze(1) - lse
-    if not entropy:
-        return logp, logp.new_zeros(())
-    with torch.no_grad():
-        p = torch.softmax(scaled, dim=-1)
-        ent = lse - (p * scaled).sum(-1)  # H = log Z - E_p[z]
-    return logp, ent
+    return logp, token_entropy(scaled[None])[0] if entropy else logp.new_zeros(())
 
 
 def head_logprobs(head: Any, h: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int,

@@ -157,11 +157,10 @@ class StepRecord:
     update_tokens: int | None = None  # non-pad [prompt | completion] tokens through one update's forward passes
     update_padded_tokens: int | None = None  # the same with each pass's padding: the update's padding overhead
 
-    GROUPED: ClassVar[tuple[str, ...]] = ("reward_components", "completion_rewards", "curriculum",
-                                          "rank_rollout_ms", "rank_rollout_tokens", "gpu", "entropy_mean",
-                                          "update_tokens", "update_padded_tokens")
+    # written only when set (older records lack them)
     OPTIONAL: ClassVar[tuple[str, ...]] = ("rank_rollout_ms", "rank_rollout_tokens", "gpu", "entropy_mean",
                                            "update_tokens", "update_padded_tokens")
+    GROUPED: ClassVar[tuple[str, ...]] = ("reward_components", "completion_rewards", "curriculum", *OPTIONAL)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
