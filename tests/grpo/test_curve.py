@@ -6,7 +6,7 @@ from scalelab.core.config import load_config
 from scalelab.core.rundir import RunDir
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.curve import read_curve
-from scalelab.grpo.heldout import base_key, load_eval
+from scalelab.grpo.heldout import base_key, eval_run, load_eval
 from scalelab.grpo.report import build_report
 from scalelab.grpo.train import train
 from tests.grpo.test_heldout import TINY
@@ -32,7 +32,8 @@ def test_curve_points_are_the_subset_scores_of_the_weights_at_their_step(tmp_pat
         want = "".join("1" if r.greedy_correct else "0" for r in ev.examples[:4])
         assert p["correct"] == want and p["n"] == 4
         assert p["greedy_pass1"] == want.count("1") / 4
-    assert points[0]["source"] == "base evaluation" and points[2]["source"] == "measured"
+    # the end points are read off the end-of-run evaluations, not generated a second time
+    assert [p["source"] for p in points] == ["base evaluation", "measured", "trained evaluation"]
     assert points[1]["greedy_tokens_mean"] != points[0]["greedy_tokens_mean"]  # the weights moved
     assert any("held-out curve, step 2" in line for line in logged)
     text = build_report(cfg.run_dir).read_text()
@@ -41,10 +42,16 @@ def test_curve_points_are_the_subset_scores_of_the_weights_at_their_step(tmp_pat
         assert f"| {p['step']} | {100 * p['greedy_pass1']:.1f}% | — | {p['greedy_tokens_mean']:.0f} |" in text
 
 
-def test_without_the_end_of_run_evaluation_step_zero_is_measured(tmp_path):
+def test_without_the_end_of_run_evaluation_the_end_points_are_measured(tmp_path):
     cfg, points, _ = _curve(tmp_path, "eval.at_end=false")
-    assert [p["step"] for p in points] == [0, 2, 4] and points[0]["source"] == "measured"
+    assert [p["step"] for p in points] == [0, 2, 4] and {p["source"] for p in points} == {"measured"}
     assert load_eval(cfg.run_dir, "base") is None  # a curve point is not the base evaluation
+    # scored after the fact from the checkpoint: the measured end points had the base's and step 4's weights
+    eval_run(cfg.run_dir, parts=tiny_parts(cfg, eos_bias=2.0), log=lambda s: None)
+    for p, policy in ((points[0], "base"), (points[2], "trained")):
+        ev = load_eval(cfg.run_dir, policy)
+        assert p["correct"] == "".join("1" if r.greedy_correct else "0" for r in ev.examples[:4])
+        assert p["greedy_tokens_mean"] == sum(r.greedy_tokens for r in ev.examples[:4]) / 4
 
 
 def test_the_curve_settings_leave_the_base_key_alone():

@@ -466,15 +466,20 @@ def eval_base(loop: Loop) -> None:
         run_eval(loop, "base")
 
 
-def log_curve(loop: Loop, steps_done: int, log: Callable[[str], None]) -> None:
-    """A held-out curve point for the policy after `steps_done` steps (eval.every); step 0 reuses the base
-    evaluation when there is one (the curve's examples are its first ones)."""
+def log_curve(loop: Loop, steps_done: int, log: Callable[[str], None],
+              ev: heldout.PolicyEval | None = None) -> None:
+    """A held-out curve point for the policy after `steps_done` steps (eval.every), read off `ev` (an evaluation of
+    those weights) when it covers the curve's examples, its first ones. Step 0 reads the base evaluation; with
+    eval.at_end the last step is left to eval_trained, which passes the trained evaluation."""
     cfg = loop.cfg
     if not (loop.dist.is_main and curve.due(cfg, steps_done)):
         return
-    base = heldout.load_eval(loop.run.path, "base", heldout.base_key(cfg)) if steps_done == 0 else None
-    if base is not None and len(base.examples) >= cfg.eval.curve_limit:
-        pt = curve.point(base, cfg, 0, "base evaluation")
+    if ev is None and steps_done == 0:
+        ev = heldout.load_eval(loop.run.path, "base", heldout.base_key(cfg))
+    if ev is None and steps_done == cfg.train.max_steps and cfg.eval.at_end:
+        return
+    if ev is not None and len(ev.examples) >= cfg.eval.curve_limit:
+        pt = curve.point(ev, cfg, steps_done, f"{ev.policy} evaluation")
     else:
         if loop.engine.weights_version != steps_done:
             sync_weights(loop.sync_method, loop.parts.policy, loop.engine, steps_done, loop.engine_dir / "sync")
@@ -494,6 +499,7 @@ def eval_trained(loop: Loop, log: Callable[[str], None]) -> None:
         if loop.engine.weights_version != final:
             sync_weights(loop.sync_method, loop.parts.policy, loop.engine, final, loop.engine_dir / "sync")
         trained = run_eval(loop, "trained")
+    log_curve(loop, final, log, trained)
     base = heldout.load_eval(run.path, "base", heldout.base_key(cfg))
     if base is None:
         log(f"no base evaluation in {run.path / 'eval'}; `scalelab grpo eval {run.path}` makes it")
