@@ -2,7 +2,8 @@
 # GRPO of the real Qwen2.5-Coder-0.5B-Instruct on GSM8K on one H200 (configs/grpo/qwen2.5-coder-0.5b-gsm8k-h200.toml,
 # one run per learning rate side by side), the shipped recipe's collapse beside its defense (the format reward
 # gated by correctness), the staleness ablation, the update's speed alone, and the base model's battery; each
-# recipe run's policy is then exported and scored on MATH-500 (out of domain) through a vLLM server. One window of WORK_S seconds on a warm machine:
+# recipe run's policy is then exported and scored on MATH-500 (out of domain) through a vLLM server. One window of
+# WORK_S seconds on a warm machine:
 #   bash bench/gpu_grpo_real.sh prep [CHUNK_DIR]     here: the chunk set (the GGUF, the wheels the image lacks, the
 #                                                    GSM8K and MATH-500 data) in chunks (default /tmp/grpo-chunks)
 #   bash bench/gpu_grpo_real.sh bundle               unpack the vLLM bundle (carry .gpu-bundle)
@@ -16,9 +17,8 @@
 #        LRS (default "2e-5 5e-5"), PARTS (default "battery recipe collapse", side by side; also "staleness"),
 #        SOLO_PARTS (run first, alone, e.g. "update_bench"), STALE_STEPS, STALE_JOBS (default 40, 3),
 #        AFTER_TASKS (the exported policies' battery, default math500: GSM8K is the run's own final evaluation),
-#        RECIPE_SETS (more `--set K=V`
-#        arguments for the recipe runs, e.g. "--set train.max_steps=100"), SCALELAB_GIT_SHA (the commit, as
-#        the copied tree has no .git)
+#        RECIPE_SETS (more `--set K=V` arguments for the recipe runs, e.g. "--set train.max_steps=100"),
+#        SCALELAB_GIT_SHA (the commit, as the copied tree has no .git)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
        VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 TOKENIZERS_PARALLELISM=false \
@@ -100,7 +100,8 @@ collapse() {  # the shipped recipe on the real model (as a new user ran it), the
 update_bench() {  # the update alone on the GPU beside the measured matmul rate (SOLO_PARTS: before the rest)
   mkdir -p "$RUNS/update-bench"
   timeout -s INT "$(left)" python3 bench/grpo_update_bench.py --out "$RUNS/update-bench/update_bench.json" \
-    --metrics results/h200/grpo/qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0/metrics.jsonl.gz >> "$LOGS/update_bench.log" 2>&1
+    --metrics results/h200/grpo/qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0/metrics.jsonl.gz \
+    >> "$LOGS/update_bench.log" 2>&1
 }
 
 staleness() {  # k = 0,1,2,4,8 at seed 0 with the IS correction at k = 4 and 8, then k = 0 and 4 at seed 1: 40 steps
@@ -153,5 +154,6 @@ case "${1:-}" in
           sleep 2; echo "launched work (pid $!), window ${WORK_S} s" ;;
   work) work ;;
   poll) poll "${2:?usage: bash bench/gpu_grpo_real.sh poll SECONDS}" ;;
-  *) echo "usage: bash bench/gpu_grpo_real.sh prep [CHUNK_DIR] | bundle | setup CHUNK_DIR | launch | work | poll SECONDS" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_grpo_real.sh prep [CHUNK_DIR] | bundle | setup CHUNK_DIR | launch | work |" \
+          "poll SECONDS" >&2; exit 2 ;;
 esac
