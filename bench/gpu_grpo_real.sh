@@ -15,7 +15,8 @@
 # Every part resumes (run checkpoints, per-task battery records), so `work` run again continues a cut-off window.
 #   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), WORK_S (default 1140), SEED (default 0),
 #        LRS (default "2e-5 5e-5"), PARTS (default "battery recipe collapse", side by side; also "staleness"),
-#        SOLO_PARTS (run first, alone, e.g. "update_bench"), STALE_STEPS, STALE_JOBS (default 40, 3),
+#        SOLO_PARTS (run first, alone, e.g. "update_bench rollout_bench"), STALE_STEPS, STALE_JOBS (default 40, 3),
+#        STALE_K0, STALE_IS0, STALE_K1 (the k lists of seeds 0 and 1; STALE_K1="" skips seed 1),
 #        AFTER_TASKS (the exported policies' battery, default math500: GSM8K is the run's own final evaluation),
 #        RECIPE_SETS (more `--set K=V` arguments for the recipe runs, e.g. "--set train.max_steps=100"),
 #        SCALELAB_GIT_SHA (the commit, as the copied tree has no .git)
@@ -49,7 +50,10 @@ prep() {  # here: one chunk set; the battery's multiple-choice tasks need lm_eva
   rm -rf "$src" "$chunks" && mkdir -p "$src/whl" || return 1
   cp "$(PYTHONPATH=src "$py" -m scalelab.cli models path "$NAME" --gguf)" "$src/model.gguf" || return 1
   "$py" -m pip download -q --no-deps --only-binary=:all: -d "$src/whl" $WHEELS ${BATTERY_WHEELS:-} || return 1
+  mkdir -p "$src/smol-tokenizer" && cp "$(PYTHONPATH=src "$py" -m scalelab.cli models path smollm2-135m-instruct \
+    | tail -1)"/{tokenizer.json,tokenizer_config.json,chat_template.jinja,config.json} "$src/smol-tokenizer/" || return 1
   tar -C ../shared/data -cJf "$src/data.tar.xz" README.md gsm8k math500 || return 1
+  tar -C "$src" -cJf "$src/smol-tokenizer.tar.xz" smol-tokenizer && rm -r "$src/smol-tokenizer" || return 1
   PYTHONPATH=src "$py" -m scalelab.core.chunks split "$src" "$chunks" --max-mib 46
 }
 
@@ -59,6 +63,7 @@ setup() {  # $1 = the folder holding the chunk set's manifest and chunks
   rm -rf "$1"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/carry/whl/*.whl || return 1
   mkdir -p /tmp/data && tar -C /tmp/data -xJf /tmp/carry/data.tar.xz || return 1
+  tar -C /tmp -xJf /tmp/carry/smol-tokenizer.tar.xz || return 1  # the 1,024-sequence rollout case's tokenizer
   mkdir -p "$SCALELAB_CACHE/$(dirname "$GGUF_REL")" && mv /tmp/carry/model.gguf "$SCALELAB_CACHE/$GGUF_REL"
   echo "setup: joined and installed in $((SECONDS - t0)) s"
   sl models path "$NAME" || return 1  # checks the GGUF's pinned sha256, dequantizes once into the cache
@@ -99,9 +104,27 @@ collapse() {  # the shipped recipe on the real model (as a new user ran it), the
 
 update_bench() {  # the update alone on the GPU beside the measured matmul rate (SOLO_PARTS: before the rest)
   mkdir -p "$RUNS/update-bench"
-  timeout -s INT "$(left)" python3 bench/grpo_update_bench.py --out "$RUNS/update-bench/update_bench.json" \
+  timeout -s INT "${UB_S:-240}" python3 bench/grpo_update_bench.py --out "$RUNS/update-bench/update_bench.json" \
     --metrics results/h200/grpo/qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0/metrics.jsonl.gz \
     >> "$LOGS/update_bench.log" 2>&1
+}
+
+rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model on GSM8K prompts (its own answer
+  # lengths) at the recipe's memory share, colocated vs HF, then the standalone vllm.LLM.generate ceiling in a
+  # process of its own; the 1,024 fixed-length case (random 1.5B shape) with a cProfile of one vLLM call, both engines
+  local d=$RUNS/rollout-bench
+  mkdir -p "$d"
+  rb() { local name=$1; shift; echo "== $name" >> "$LOGS/rollout_bench.log"
+         timeout -s INT "${RB_S:-240}" python3 bench/grpo_rollout_bench.py "$@" --out "$d/$name.json" \
+           >> "$LOGS/rollout_bench.log" 2>&1; }
+  local real=(--model "$NAME" --task gsm8k --prompts 64 --group 8 --max-new-tokens 512 --hf-logprobs none
+              --gpu-memory-utilization 0.15 --repeats 2)
+  local fixed=(--model random:qwen2.5-1.5b --tokenizer /tmp/smol-tokenizer --prompts 64 --group 16
+               --max-new-tokens 256 --cudagraph-max 1024 --repeats 2 --no-update --no-sync)
+  rb real-colocated "${real[@]}" --lora-rank 32
+  rb real-standalone "${real[@]}" --engines hf,vllm_standalone --no-update --no-sync
+  rb fixed1024-colocated "${fixed[@]}" --profile "$d/fixed1024-colocated.prof.txt"
+  rb fixed1024-standalone "${fixed[@]}" --engines hf,vllm_standalone --profile "$d/fixed1024-standalone.prof.txt"
 }
 
 staleness() {  # k = 0,1,2,4,8 at seed 0 with the IS correction at k = 4 and 8, then k = 0 and 4 at seed 1: 40 steps
@@ -110,10 +133,12 @@ staleness() {  # k = 0,1,2,4,8 at seed 0 with the IS correction at k = 4 and 8, 
   local common=(--config "$RECIPE" --set run.out_dir="\"$RUNS\"" --set train.max_steps=${STALE_STEPS:-40}
                 --set train.budget_s=0 --set train.checkpoint_every=5 --set eval.limit=500 --set eval.every=10
                 --set eval.curve_limit=500 --jobs "${STALE_JOBS:-3}")
+  local is0=${STALE_IS0-4,8}  # set and empty: no corrected variants in this window
   timeout -s TERM "$(left)" python3 -m scalelab.cli grpo staleness "${common[@]}" --set run.name='"staleness-s0"' \
-    --k 0,1,2,4,8 --is-k 4,8 >> "$LOGS/staleness-s0.log" 2>&1
+    --k "${STALE_K0:-0,1,2,4,8}" ${is0:+--is-k "$is0"} >> "$LOGS/staleness-s0.log" 2>&1
+  [ -n "${STALE_K1-0,4}" ] || return 0  # STALE_K1="": this window runs seed 0's subset only
   timeout -s TERM "$(left)" python3 -m scalelab.cli grpo staleness "${common[@]}" --set run.name='"staleness-s1"' \
-    --set train.seed=1 --k 0,4 >> "$LOGS/staleness-s1.log" 2>&1
+    --set train.seed=1 --k "${STALE_K1:-0,4}" >> "$LOGS/staleness-s1.log" 2>&1
 }
 
 battery() {  # the base model's battery (resumable per task): multiple choice through lm-eval, then generation

@@ -48,11 +48,14 @@ import numpy as np
 import torch
 
 from scalelab.core.config import ConfigError
+from scalelab.core.hfgen import left_pad
 from scalelab.core.jsonio import write_json
 from scalelab.grpo.advantages import group_advantages
 from scalelab.grpo.batch import collate
 from scalelab.grpo.completions import repeat_prompts
 from scalelab.grpo.config import LoraConfig, load_grpo_config
+from scalelab.grpo.engine_hf import HFGenerateEngine
+from scalelab.grpo.engine_vllm_colocated import VLLMColocatedEngine
 from scalelab.grpo.engines import build_engine
 from scalelab.grpo.logprobs import sampled_logprobs
 from scalelab.grpo.parts import apply_lora, encode_prompt
@@ -108,10 +111,15 @@ def load_model(args: argparse.Namespace) -> tuple[torch.nn.Module, object, dict]
     return model, tokenizer, desc
 
 
-def make_prompts(tokenizer: object, n: int, seed: int) -> list[list[int]]:
-    """n arithmetic training prompts (2-digit sums), chat-templated, as token ids."""
+TASKS = {"arithmetic": ("arithmetic", {"digits": 2}),  # 2-digit sums: answers of a few tokens unless forced
+         "gsm8k": ("gsm8k", {"prompt_format": "qwen_boxed"})}  # the GRPO recipe's prompts (needs the data dir)
+
+
+def make_prompts(tokenizer: object, n: int, seed: int, task: str = "arithmetic") -> list[list[int]]:
+    """n training prompts of `task` (TASKS), chat-templated, as token ids."""
     from scalelab.evals.tasks import get_task
-    examples = get_task("arithmetic", digits=2).load("train", limit=n, seed=seed)
+    name, options = TASKS[task]
+    examples = get_task(name, **options).load("train", limit=n, seed=seed)
     return [encode_prompt(tokenizer, ex.prompt) for ex in examples]
 
 
@@ -286,6 +294,86 @@ def vllm_generate_lengths(engine: object, requests: Sequence[SeqRequest], params
 
 
 # ---------------------------------------------------------------------------------------------
+# the standalone ceiling
+
+
+class StandaloneVLLM:
+    """`vllm.LLM(...).generate` as a user writes it, the ceiling of the colocated engine: the same model folder,
+    memory share, context, seed, prompts and sampling (n, temperature, top_p, max_tokens, stop ids), and vLLM's
+    defaults otherwise: no logprobs and its own detokenizer. It runs in a process of its own (--engines
+    hf,vllm_standalone), as vLLM does not hand its GPU memory back within a process."""
+    name = "vllm_standalone"
+
+    def __init__(self, model_dir: Path, stop_ids: Sequence[int], args: argparse.Namespace):
+        from vllm import LLM
+        self.stop_ids = list(stop_ids)
+        self.llm = LLM(model=str(model_dir), dtype="bfloat16", seed=args.seed, max_model_len=args.max_model_len,
+                       gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=True)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutBatch:
+        from vllm import SamplingParams as VllmSampling
+        sp = VllmSampling(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                          max_tokens=params.max_new_tokens, seed=params.seed, stop_token_ids=self.stop_ids)
+        t0 = time.perf_counter()
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
+        ms = (time.perf_counter() - t0) * 1e3
+        rows = [c for out in outs for c in sorted(out.outputs, key=lambda c: c.index)]
+        return RolloutBatch(tuple(repeat_prompts(prompts, params.n)), tuple(tuple(c.token_ids) for c in rows),
+                            tuple(c.text for c in rows), tuple(() for _ in rows),
+                            tuple(c.finish_reason == "stop" for c in rows), ms, 0, self.name)
+
+    def close(self) -> None:
+        del self.llm
+
+
+class HFWithoutLogits(HFGenerateEngine):
+    """HF generate at its best: the trainer's HF engine with output_logits off, so no (N, T, V) fp32 copy of every
+    step's logits is kept (the engine keeps them for the behaviour log-probs; at 512 sequences x 512 tokens x
+    151,936 that alone is 159 GB). Its rows carry zeros for log-probs: a speed baseline only."""
+
+    def _generation_config(self, params: SamplingParams) -> object:
+        config = super()._generation_config(params)
+        config.output_logits = False
+        return config
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutBatch:
+        t0 = time.perf_counter()
+        rows = repeat_prompts(prompts, params.n)
+        ids, mask = left_pad(rows, self.pad_id, next(self.model.parameters()).device)
+        new = self._sample(ids, mask, params).sequences[:, ids.shape[1]:].tolist()
+        return self._batch(rows, new, [[0.0] * len(r) for r in new], (time.perf_counter() - t0) * 1e3)
+
+
+def build_standalone(model: torch.nn.Module, tokenizer: object, args: argparse.Namespace,
+                     workdir: Path) -> StandaloneVLLM:
+    from scalelab.core.hfgen import stop_token_ids
+    from scalelab.grpo.weightsync import write_model_folder
+    write_model_folder(model, tokenizer, workdir / "standalone-model", next(model.parameters()).dtype)
+    return StandaloneVLLM(workdir / "standalone-model", stop_token_ids(model, tokenizer), args)
+
+
+def profile_call(generate: "Generate", prompts: list[list[int]], params: SamplingParams, path: str) -> dict:
+    """One more generate call under cProfile (after the timed ones, so they are not slowed): the Python functions
+    by own time, to tell a CPU-bound decode loop (scheduler, output processing) from a GPU-bound one (time spent
+    waiting on the device in a synchronizing copy). Written as text to `path`; the top rows are returned."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.runcall(generate, prompts, params)
+    wall = time.perf_counter() - t0
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf).sort_stats("tottime")
+    stats.print_stats(40)
+    Path(path).write_text(f"wall {wall:.3f} s under cProfile\n" + buf.getvalue())
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:15]
+    return {"wall_s": wall, "path": path,
+            "top_tottime": [{"function": f"{Path(f).name}:{line}({name})", "calls": nc, "tottime_s": tt,
+                             "share": tt / wall} for (f, line, name), (cc, nc, tt, ct, _) in rows]}
+
+
+# ---------------------------------------------------------------------------------------------
 # measure
 
 
@@ -350,7 +438,7 @@ def check_context(prompts: list[list[int]], args: argparse.Namespace) -> None:
     """vLLM refuses a request whose prompt + max_tokens exceeds max_model_len: say so before HF and vLLM run."""
     longest = max(map(len, prompts))
     need = longest + args.max_new_tokens
-    if "vllm_colocated" in args.engines and need > args.max_model_len:
+    if any(e.startswith("vllm") for e in args.engines) and need > args.max_model_len:
         raise SystemExit(f"--max-model-len {args.max_model_len} is below the longest prompt ({longest} tokens) + "
                          f"--max-new-tokens ({args.max_new_tokens}) = {need}; raise --max-model-len")
 
@@ -380,15 +468,23 @@ def measure_engines(model: torch.nn.Module, tokenizer: object, prompts: list[lis
     engines = {}
     decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)  # noqa: E731
     hf = build("hf", model, tokenizer, args, "shared", workdir / "hf")
+    if args.hf_logprobs == "none":
+        hf = HFWithoutLogits(model, tokenizer, hf.stop_ids, hf.sync_methods)
     hf_params = replace(params, max_new_tokens=max(lengths))
     engines["hf"], batch = time_engine(hf.generate, prompts, hf_params, args.repeats, lengths, decode)
-    vllm = None
+    vllm, generate = None, None
+    if torch.cuda.is_available() and len(args.engines) > 1:  # HF's cached blocks: vLLM asks for its share of the
+        torch.cuda.empty_cache()                             # *free* memory
     if "vllm_colocated" in args.engines:
-        if torch.cuda.is_available():  # HF's cached blocks: vLLM asks for its share of the *free* memory
-            torch.cuda.empty_cache()
         vllm = build("vllm_colocated", model, tokenizer, args, "inplace", workdir / "vllm")
-        engines["vllm_colocated"], batch = time_engine(vllm_lengths_generate(vllm, lengths, args), prompts, params,
-                                                       args.repeats, lengths, decode)
+        generate = vllm_lengths_generate(vllm, lengths, args)
+    elif "vllm_standalone" in args.engines:
+        vllm = build_standalone(model, tokenizer, args, workdir)
+        generate = vllm.generate
+    if generate is not None:
+        engines[vllm.name], batch = time_engine(generate, prompts, params, args.repeats, lengths, decode)
+        if getattr(args, "profile", ""):
+            args.profile_result = profile_call(generate, prompts, params, args.profile)
     return engines, vllm, batch
 
 
@@ -414,19 +510,20 @@ def vllm_options(args: argparse.Namespace, vllm: object) -> dict:
 
 def measure(args: argparse.Namespace, workdir: Path) -> dict:
     model, tokenizer, desc = load_model(args)
-    prompts = make_prompts(tokenizer, args.prompts, args.seed)
+    prompts = make_prompts(tokenizer, args.prompts, args.seed, args.task)
     check_context(prompts, args)
     lengths = draw_lengths(args.length_spec, args.prompts * args.group, args.max_new_tokens, args.seed)
-    if next(model.parameters()).is_cuda:
+    if next(model.parameters()).is_cuda and args.hf_logprobs == "keep":
         check_hf_memory(len(lengths), max(lengths), desc["vocab_size"], torch.cuda.mem_get_info()[0])
     params = SamplingParams(args.group, args.temperature, args.top_p, args.max_new_tokens, args.seed)
     engines, vllm, batch = measure_engines(model, tokenizer, prompts, params, lengths, args, workdir)
     update_ms = None if args.no_update else time_update(model, tokenizer, batch, args)
-    options = vllm_options(args, vllm)
-    syncs = [] if args.no_sync else measure_syncs(model, tokenizer, vllm, args, workdir)
+    colocated = vllm if isinstance(vllm, VLLMColocatedEngine) else None
+    options = vllm_options(args, colocated)
+    syncs = [] if args.no_sync else measure_syncs(model, tokenizer, colocated, args, workdir)
     if vllm is not None:
         vllm.close()
-    hf_tps, v = engines["hf"].tokens_per_s, engines.get("vllm_colocated")
+    hf_tps, v = engines["hf"].tokens_per_s, engines.get("vllm_colocated") or engines.get("vllm_standalone")
     return {"model": desc, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else
             platform.processor() or "cpu",
             "batch": {"prompts": args.prompts, "group_size": args.group, "sequences": args.prompts * args.group,
@@ -435,9 +532,11 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
             "lengths": {"mode": args.length_spec.mode, "params": args.length_spec.params(), "seed": args.seed,
                         "emulated": args.length_spec.mode != "fixed",
                         **asdict(length_stats(lengths, args.max_new_tokens))},
+            "task": args.task, "answer_lengths": asdict(length_stats(batch.lengths, args.max_new_tokens)),
             "engines": {k: asdict(e) for k, e in engines.items()}, "baseline": "hf",
             "ratio_vllm_over_hf": None if v is None else v.tokens_per_s / hf_tps, "update_ms": update_ms,
-            "vllm_options": options, "weight_sync": [asdict(s) for s in syncs]}
+            "vllm_options": options, "weight_sync": [asdict(s) for s in syncs],
+            "profile": getattr(args, "profile_result", None)}
 
 
 def provenance() -> dict:
@@ -459,7 +558,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="random:<shape> (grpo.randmodel.SHAPES), a local HF folder, a .gguf or a registry name")
     p.add_argument("--tokenizer", default="", help="tokenizer folder for random:<shape> ('' = character-level)")
     p.add_argument("--tiny", action="store_true", help="CPU plumbing run: random:tiny, HF engine only, small batch")
-    p.add_argument("--engines", default="hf,vllm_colocated", help="comma-separated; hf always runs")
+    p.add_argument("--engines", default="hf,vllm_colocated",
+                   help="comma-separated; hf always runs, then vllm_colocated or vllm_standalone (one per process)")
+    p.add_argument("--task", choices=sorted(TASKS), default="arithmetic",
+                   help="the prompts: 2-digit sums, or GSM8K train in the recipe's boxed format (a real model's "
+                        "answer lengths; the data from $SCALELAB_SHARED_DATA)")
+    p.add_argument("--hf-logprobs", choices=("keep", "none"), default="keep",
+                   help="keep: the trainer's HF engine (every step's logits kept for the sampled tokens' "
+                        "log-probs); none: generate alone, HF's best case")
+    p.add_argument("--profile", default="", help="write a cProfile of one more vLLM call to this text file")
     p.add_argument("--device", default="cuda")
     p.add_argument("--prompts", type=int, default=32, help="P: distinct prompts")
     p.add_argument("--group", type=int, default=8, help="G: samples per prompt")
@@ -492,6 +599,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="rollout_bench.json to write")
     args = p.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = set(args.engines) - {"hf", "vllm_colocated", "vllm_standalone"}
+    if unknown or {"vllm_colocated", "vllm_standalone"} <= set(args.engines):
+        p.error(f"--engines {','.join(args.engines)}: hf plus at most one of vllm_colocated, vllm_standalone")
     if args.tiny:
         args.model, args.engines = "random:tiny", ["hf"]
         args.prompts, args.group, args.max_new_tokens, args.repeats = 2, 4, 16, 2
@@ -510,6 +620,12 @@ def summary_lines(result: dict) -> list[str]:
                                result["ratio_vllm_over_hf"], "update_ms", result["update_ms"], "vllm",
                                result["vllm_options"]["effective"],
                                [(s["label"], round(s["median_ms"], 1)) for s in result["weight_sync"]]]))
+    a = result["answer_lengths"]
+    first += (f"\nanswers as generated: mean {a['mean']:.0f} p50 {a['p50']:.0f} p90 {a['p90']:.0f} max {a['max']}, "
+              f"{100 * a['at_cap_frac']:.1f}% at the cap")
+    if result.get("profile"):
+        top = result["profile"]["top_tottime"][:6]
+        first += "\nprofile (own time / wall): " + "; ".join(f"{r['function']} {100 * r['share']:.0f}%" for r in top)
     if not n["emulated"]:
         return [first, f"lengths fixed: sequences run to max_new_tokens {result['batch']['max_new_tokens']} unless "
                        "they sample a stop token (random weights next to never do; finished_frac says): HF "

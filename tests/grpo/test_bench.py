@@ -26,3 +26,43 @@ def test_tiny_bench_feeds_the_docs(tmp_path):
     text = write_docs(tmp_path / "results", tmp_path / "grpo.md").read_text()
     assert f"| hf | {hf['tokens_per_s']:,.0f} | {hf['median_ms']:,.0f} | {hf['completion_tokens']:,} |" in text
     assert "| in-place, LoRA r=16 merged on the fly |" in text
+
+
+def test_profile_call_names_where_the_time_went(tmp_path):
+    """The profile of a generate call whose time is one busy function: it leads the own-time table with most of the
+    wall-clock, and the text file is written."""
+    bench = load_bench("grpo_rollout_bench")
+
+    def busy(n):
+        return sum(i * i for i in range(n))
+
+    def generate(prompts, params):
+        return [busy(300_000) for _ in prompts]
+
+    out = bench.profile_call(generate, [[1], [2], [3]], None, str(tmp_path / "prof.txt"))
+    top = out["top_tottime"]
+    assert "busy" in top[0]["function"] or "genexpr" in top[0]["function"]
+    assert sum(r["share"] for r in top) <= 1.0 + 1e-6 and out["wall_s"] > 0
+    assert "under cProfile" in (tmp_path / "prof.txt").read_text()
+
+
+def test_engines_argument_refuses_two_vllm_engines_in_one_process():
+    bench = load_bench("grpo_rollout_bench")
+    import pytest
+    for bad in ("hf,vllm_colocated,vllm_standalone", "hf,sglang"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--engines", bad, "--out", "x.json"])
+    assert bench.parse_args(["--engines", "hf,vllm_standalone", "--task", "gsm8k", "--out", "x"]).task == "gsm8k"
+
+
+def test_hf_without_logits_samples_what_the_engine_samples(tmp_path):
+    """The speed baseline without kept logits draws the same tokens as the trainer's HF engine (same seed, same
+    generation config otherwise), so the two time the same work."""
+    bench = load_bench("grpo_rollout_bench")
+    plain = tmp_path / "plain.json"
+    kept = tmp_path / "kept.json"
+    assert bench.main(["--tiny", "--no-update", "--no-sync", "--out", str(kept)]) == 0
+    assert bench.main(["--tiny", "--no-update", "--no-sync", "--hf-logprobs", "none", "--out", str(plain)]) == 0
+    a, b = read_json(kept), read_json(plain)
+    assert a["engines"]["hf"]["completion_tokens"] == b["engines"]["hf"]["completion_tokens"]
+    assert a["answer_lengths"] == b["answer_lengths"]
