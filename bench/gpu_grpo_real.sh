@@ -133,6 +133,8 @@ staleness() {  # k = 0,1,2,4,8 at seed 0 with the IS correction at k = 4 and 8, 
   local common=(--config "$RECIPE" --set run.out_dir="\"$RUNS\"" --set train.max_steps=${STALE_STEPS:-40}
                 --set train.budget_s=0 --set train.checkpoint_every=5 --set eval.limit=500 --set eval.every=10
                 --set eval.curve_limit=500 --jobs "${STALE_JOBS:-3}")
+  [ "$(left)" -ge "${STALE_MIN_S:-420}" ] || { echo "staleness skipped: $(left) s left" >> "$LOGS/staleness-s0.log"
+                                               return 0; }  # a run cut before its end would be lost with the disk
   local is0=${STALE_IS0-4,8}  # set and empty: no corrected variants in this window
   timeout -s TERM "$(left)" python3 -m scalelab.cli grpo staleness "${common[@]}" --set run.name='"staleness-s0"' \
     --k "${STALE_K0:-0,1,2,4,8}" ${is0:+--is-k "$is0"} >> "$LOGS/staleness-s0.log" 2>&1
