@@ -125,6 +125,7 @@ rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model o
   rb real-standalone "${real[@]}" --engines hf,vllm_standalone --no-update --no-sync
   rb fixed1024-colocated "${fixed[@]}" --profile "$d/fixed1024-colocated.prof.txt"
   rb fixed1024-standalone "${fixed[@]}" --engines hf,vllm_standalone --profile "$d/fixed1024-standalone.prof.txt"
+  python3 bench/rollout_bench_table.py "$d" --out "$RUNS/rollout-bench-table.md" >> "$LOGS/rollout_bench.log" 2>&1
 }
 
 staleness() {  # k = 0,1,2,4,8 at seed 0 with the IS correction at k = 4 and 8, then k = 0 and 4 at seed 1: 40 steps

@@ -1,6 +1,8 @@
 """bench/grpo_rollout_bench.py in its CPU mode: the file it writes is what `grpo docs` reads."""
 from __future__ import annotations
 
+import json
+
 from scalelab.core.jsonio import read_json
 from scalelab.grpo.docs import write_docs
 from tests.bench_script import load_bench
@@ -66,3 +68,32 @@ def test_hf_without_logits_samples_what_the_engine_samples(tmp_path):
     a, b = read_json(kept), read_json(plain)
     assert a["engines"]["hf"]["completion_tokens"] == b["engines"]["hf"]["completion_tokens"]
     assert a["answer_lengths"] == b["answer_lengths"]
+
+
+def test_rollout_table_pairs_colocated_with_its_standalone_ceiling(tmp_path):
+    """Two runs of the same batch, one per vLLM engine: the table divides their vLLM rates (24,000 / 30,000 = 80%)
+    and shows the two HF baselines' ratio (6,000 / 5,000 = 1.20); a run of another batch gets no share."""
+    table = load_bench("rollout_bench_table")
+    base = {"model": {"name": "m"}, "task": "gsm8k", "ratio_vllm_over_hf": None,
+            "batch": {"prompts": 64, "group_size": 8, "sequences": 512, "max_new_tokens": 512, "temperature": 1.0,
+                      "top_p": 1.0},
+            "vllm_options": {"requested": {"gpu_memory_utilization": 0.15}},
+            "answer_lengths": {"mean": 300.0, "p90": 480.0, "at_cap_frac": 0.03}}
+
+    def run(engine, hf, vllm, prompts=64):
+        r = json.loads(json.dumps(base))
+        r["batch"]["prompts"] = prompts
+        r["engines"] = {"hf": {"tokens_per_s": hf}, engine: {"tokens_per_s": vllm}}
+        r["ratio_vllm_over_hf"] = vllm / hf
+        return r
+
+    for name, r in {"a-colocated": run("vllm_colocated", 6000.0, 24000.0),
+                    "b-standalone": run("vllm_standalone", 5000.0, 30000.0),
+                    "c-other": run("vllm_colocated", 6000.0, 12000.0, prompts=32)}.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(r))
+    out = tmp_path / "t.md"
+    assert table.main([str(tmp_path), "--out", str(out)]) == 0
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in out.read_text().splitlines()[2:]}
+    assert lines["a-colocated"].endswith("| 4.00x | 80% (1.20) |")
+    assert lines["b-standalone"].endswith("| 6.00x | - |") and lines["c-other"].endswith("| 2.00x | - |")
+    assert "300 / 480 (3.0%)" in lines["a-colocated"]
