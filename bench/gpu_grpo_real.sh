@@ -122,9 +122,10 @@ rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model o
   local fixed=(--model random:qwen2.5-1.5b --tokenizer /tmp/smol-tokenizer --prompts 64 --group 16
                --max-new-tokens 256 --cudagraph-max 1024 --repeats 2 --no-update --no-sync)
   rb real-colocated "${real[@]}" --lora-rank 32
-  rb real-standalone "${real[@]}" --engines hf,vllm_standalone --no-update --no-sync
+  # the standalone engine as a user runs it: vLLM's default engine core in a child process
+  VLLM_ENABLE_V1_MULTIPROCESSING=1 rb real-standalone "${real[@]}" --engines hf,vllm_standalone --no-update --no-sync
   rb fixed1024-colocated "${fixed[@]}" --profile "$d/fixed1024-colocated.prof.txt"
-  rb fixed1024-standalone "${fixed[@]}" --engines hf,vllm_standalone --profile "$d/fixed1024-standalone.prof.txt"
+  VLLM_ENABLE_V1_MULTIPROCESSING=1 rb fixed1024-standalone "${fixed[@]}" --engines hf,vllm_standalone --profile "$d/fixed1024-standalone.prof.txt"
   python3 bench/rollout_bench_table.py "$d" --out "$RUNS/rollout-bench-table.md" >> "$LOGS/rollout_bench.log" 2>&1
 }
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -543,7 +544,9 @@ def provenance() -> dict:
     import transformers
     from scalelab.core.provenance import git_sha
     out = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0],
-           "command": " ".join(sys.argv), "unix_time": time.time(), "git_sha": git_sha()}
+           "command": " ".join(sys.argv), "unix_time": time.time(), "git_sha": git_sha(),
+           # 1: vLLM's engine core in a child process (its default), 0: in this process (the colocated engine's)
+           "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")}
     try:
         import vllm
         out["vllm"] = vllm.__version__
