@@ -144,7 +144,7 @@ def test_engines_count_the_useful_tokens_by_hand(bench, monkeypatch, tmp_path):
     vllm = types.SimpleNamespace(name="vllm_colocated")
     monkeypatch.setattr(bench, "build", lambda name, *a, **k: hf if name == "hf" else vllm)
     monkeypatch.setattr(bench, "vllm_generate_lengths", vllm_lengths)
-    args = types.SimpleNamespace(repeats=2, engines=["hf", "vllm_colocated"],
+    args = types.SimpleNamespace(repeats=2, hf_logprobs="keep", engines=["hf", "vllm_colocated"],
                                  length_spec=bench.LengthSpec("lognormal"))
     tokenizer = types.SimpleNamespace(decode=lambda ids, skip_special_tokens: "x" * len(ids))
     params = SamplingParams(n=2, max_new_tokens=16, seed=7)
