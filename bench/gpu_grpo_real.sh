@@ -125,7 +125,8 @@ rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model o
   # the standalone engine as a user runs it: vLLM's default engine core in a child process
   VLLM_ENABLE_V1_MULTIPROCESSING=1 rb real-standalone "${real[@]}" --engines hf,vllm_standalone --no-update --no-sync
   rb fixed1024-colocated "${fixed[@]}" --profile "$d/fixed1024-colocated.prof.txt"
-  VLLM_ENABLE_V1_MULTIPROCESSING=1 rb fixed1024-standalone "${fixed[@]}" --engines hf,vllm_standalone --profile "$d/fixed1024-standalone.prof.txt"
+  VLLM_ENABLE_V1_MULTIPROCESSING=1 rb fixed1024-standalone "${fixed[@]}" --engines hf,vllm_standalone \
+    --profile "$d/fixed1024-standalone.prof.txt"
   python3 bench/rollout_bench_table.py "$d" --out "$RUNS/rollout-bench-table.md" >> "$LOGS/rollout_bench.log" 2>&1
 }
 

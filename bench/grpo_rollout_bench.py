@@ -463,9 +463,11 @@ def vllm_lengths_generate(vllm: object, lengths: Sequence[int], args: argparse.N
 
 
 def measure_engines(model: torch.nn.Module, tokenizer: object, prompts: list[list[int]], params: SamplingParams,
-                    lengths: Sequence[int], args: argparse.Namespace, workdir: Path) -> tuple[dict, object, object]:
-    """({engine: EngineResult}, the vLLM engine or None, the last batch). HF first: the same-run baseline; it
-    generates the longest target length for the whole batch (what an EOS-terminated static batch costs)."""
+                    lengths: Sequence[int], args: argparse.Namespace,
+                    workdir: Path) -> tuple[dict, object, object, dict | None]:
+    """({engine: EngineResult}, the vLLM engine or None, the last batch, the --profile summary or None). HF first:
+    the same-run baseline; it generates the longest target length for the whole batch (what an EOS-terminated
+    static batch costs)."""
     engines = {}
     decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)  # noqa: E731
     hf = build("hf", model, tokenizer, args, "shared", workdir / "hf")
@@ -473,7 +475,7 @@ def measure_engines(model: torch.nn.Module, tokenizer: object, prompts: list[lis
         hf = HFWithoutLogits(model, tokenizer, hf.stop_ids, hf.sync_methods)
     hf_params = replace(params, max_new_tokens=max(lengths))
     engines["hf"], batch = time_engine(hf.generate, prompts, hf_params, args.repeats, lengths, decode)
-    vllm, generate = None, None
+    vllm, generate, profile = None, None, None
     if torch.cuda.is_available() and len(args.engines) > 1:  # HF's cached blocks: vLLM asks for its share of the
         torch.cuda.empty_cache()                             # *free* memory
     if "vllm_colocated" in args.engines:
@@ -484,9 +486,9 @@ def measure_engines(model: torch.nn.Module, tokenizer: object, prompts: list[lis
         generate = vllm.generate
     if generate is not None:
         engines[vllm.name], batch = time_engine(generate, prompts, params, args.repeats, lengths, decode)
-        if getattr(args, "profile", ""):
-            args.profile_result = profile_call(generate, prompts, params, args.profile)
-    return engines, vllm, batch
+        if args.profile:
+            profile = profile_call(generate, prompts, params, args.profile)
+    return engines, vllm, batch, profile
 
 
 def measure_syncs(model: torch.nn.Module, tokenizer: object, target: object, args: argparse.Namespace,
@@ -517,7 +519,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
     if next(model.parameters()).is_cuda and args.hf_logprobs == "keep":
         check_hf_memory(len(lengths), max(lengths), desc["vocab_size"], torch.cuda.mem_get_info()[0])
     params = SamplingParams(args.group, args.temperature, args.top_p, args.max_new_tokens, args.seed)
-    engines, vllm, batch = measure_engines(model, tokenizer, prompts, params, lengths, args, workdir)
+    engines, vllm, batch, profile = measure_engines(model, tokenizer, prompts, params, lengths, args, workdir)
     update_ms = None if args.no_update else time_update(model, tokenizer, batch, args)
     colocated = vllm if isinstance(vllm, VLLMColocatedEngine) else None
     options = vllm_options(args, colocated)
@@ -537,7 +539,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
             "engines": {k: asdict(e) for k, e in engines.items()}, "baseline": "hf",
             "ratio_vllm_over_hf": None if v is None else v.tokens_per_s / hf_tps, "update_ms": update_ms,
             "vllm_options": options, "weight_sync": [asdict(s) for s in syncs],
-            "profile": getattr(args, "profile_result", None)}
+            "profile": profile}
 
 
 def provenance() -> dict:

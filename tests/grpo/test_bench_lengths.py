@@ -144,11 +144,11 @@ def test_engines_count_the_useful_tokens_by_hand(bench, monkeypatch, tmp_path):
     vllm = types.SimpleNamespace(name="vllm_colocated")
     monkeypatch.setattr(bench, "build", lambda name, *a, **k: hf if name == "hf" else vllm)
     monkeypatch.setattr(bench, "vllm_generate_lengths", vllm_lengths)
-    args = types.SimpleNamespace(repeats=2, hf_logprobs="keep", engines=["hf", "vllm_colocated"],
+    args = types.SimpleNamespace(repeats=2, hf_logprobs="keep", profile="", engines=["hf", "vllm_colocated"],
                                  length_spec=bench.LengthSpec("lognormal"))
     tokenizer = types.SimpleNamespace(decode=lambda ids, skip_special_tokens: "x" * len(ids))
     params = SamplingParams(n=2, max_new_tokens=16, seed=7)
-    engines, _, batch = bench.measure_engines(None, tokenizer, [[5, 6], [7]], params, (3, 1, 4, 2), args, tmp_path)
+    engines, _, batch, _ = bench.measure_engines(None, tokenizer, [[5, 6], [7]], params, (3, 1, 4, 2), args, tmp_path)
     assert hf.asked == [4, 4, 4]  # warm-up + 2 repeats, each the batch's longest target, not the cap 16
     h, v = engines["hf"], engines["vllm_colocated"]
     assert (h.completion_tokens, h.computed_tokens, h.tokens_per_s) == (10, 16, 5.0)
