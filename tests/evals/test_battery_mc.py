@@ -55,7 +55,10 @@ def test_lm_eval_result_becomes_rows_with_the_right_intervals(calls, tmp_path):
     assert (mc2["ci_low"], mc2["ci_high"]) == (pytest.approx(0.360801, abs=1e-6), pytest.approx(0.439199, abs=1e-6))
     assert "mean ± 1.96·stderr" in mc2["note"]
     assert len(read_jsonl(tmp_path / "out" / "lm_eval" / "arc_easy_samples.jsonl.gz")) == 100
-    assert read_json(tmp_path / "out" / "lm_eval" / "truthfulqa_mc2.json")["tasks"][0]["n_examples"] == 790
+    lm = read_json(tmp_path / "out" / "lm_eval" / "truthfulqa_mc2.json")
+    assert lm["tasks"][0]["n_examples"] == 790
+    # the file names its own code and command, as the task summaries do
+    assert set(lm["provenance"]) == {"git_sha", "command"} and lm["provenance"]["git_sha"]
     report = (tmp_path / "out" / "REPORT.md").read_text()
     assert "| arc_easy (acc) | 100 | 27.0% | [19.3%, 36.4%] | — | 0-shot; lm-eval stderr 4.46 pts |" in report
     assert "| truthfulqa_mc2 (mc2) | 790 | 40.0% | [36.1%, 43.9%] |" in report

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from scalelab.core import provenance
 from scalelab.evals import harness
 from scalelab.evals.battery_records import BatteryFolder, McMetric, McSummary, write_jsonl_gz
 
@@ -33,7 +34,8 @@ def mc_summary(result: harness.EvalResult, task: str, settings: dict, sha: str) 
 
 
 def save_lm_eval(folder: BatteryFolder, task: str, result: harness.EvalResult) -> None:
-    harness.write_eval_json(result, folder.lm_eval(task))
+    prov = provenance.collect()
+    harness.write_eval_json(result, folder.lm_eval(task), {"git_sha": prov["git_sha"], "command": prov["command"]})
     write_jsonl_gz(folder.lm_eval_samples(task),
                    ({"task": name, **item} for name, items in result.samples.items() for item in items))
 

@@ -545,8 +545,10 @@ def result_dict(r: EvalResult) -> dict:
     return d
 
 
-def write_eval_json(r: EvalResult, path: str | Path) -> Path:
-    write_json(path, result_dict(r))
+def write_eval_json(r: EvalResult, path: str | Path, provenance: dict | None = None) -> Path:
+    """The result as JSON; `provenance` (git sha, command) is stored beside it when given, so the file names the
+    code and command that made it even when read apart from its folder."""
+    write_json(path, {**result_dict(r), **({"provenance": provenance} if provenance else {})})
     return Path(path)
 
 
