@@ -5,7 +5,8 @@
 
 SGLang pins torch exactly, and its kernel wheel (`sglang-kernel`, formerly `sgl-kernel`) is compiled against one
 CUDA major: a kernel linked to libcudart.so.12 cannot load beside a cu130 torch, whatever the pins say. So a release
-fits only when both hold:
+fits only when all three hold:
+0. it has a wheel for the image's CPython and glibc (since 0.5.11 SGLang ships per-CPython binary wheels);
 1. its `torch==` pin is the image's torch (read from the release's wheel metadata, through pip's resolver report:
    `pip install --dry-run --no-deps --report`, which reads PEP 658 metadata and downloads no wheel);
 2. the kernel wheel it pins links the image's CUDA major: the DT_NEEDED entries of its shared objects
@@ -39,6 +40,7 @@ class Release:
     requires_python: str
     pins: dict            # package -> exact version, for the packages in PINNED that are pinned with ==
     kernel: str           # "sglang-kernel==0.4.5", or "" when the release pins none
+    wheel: str = ""       # the file pip picked for the image's Python and glibc
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,9 @@ def release_from_report(version: str, report: dict) -> Release:
     meta = items[0]["metadata"]
     pins = exact_pins(meta.get("requires_dist") or [])
     kernel = next((f"{k}=={pins[k]}" for k in KERNEL_PACKAGES if k in pins), "")
+    wheel = items[0].get("download_info", {}).get("url", "").rsplit("/", 1)[-1]
     return Release(version, meta.get("requires_python") or "", {k: v for k, v in pins.items() if k in PINNED},
-                   kernel)
+                   kernel, wheel)
 
 
 def elf_needed(data: bytes) -> list[str]:
@@ -112,20 +115,30 @@ def pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True, capture_output=True, text=True)
 
 
-def resolve(version: str) -> Release:
+def image_wheel_args(python: str, glibc: str) -> list[str]:
+    """pip options that pick wheels as the image would: its CPython, and every manylinux tag its glibc accepts
+    (SGLang ships per-CPython binary wheels tagged manylinux_2_34 since 0.5.11)."""
+    major, minor = (int(p) for p in glibc.split("."))
+    tags = [f"manylinux_{major}_{m}_x86_64" for m in range(17, minor + 1)] + ["manylinux2014_x86_64", "any"]
+    abi = "cp" + python.replace(".", "")
+    return ["--only-binary=:all:", "--python-version", python, "--implementation", "cp", "--abi", abi,
+            "--abi", "abi3", "--abi", "none", *(a for t in tags for a in ("--platform", t))]
+
+
+def resolve(version: str, wheel_args: list[str]) -> Release:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        pip("install", "--dry-run", "--no-deps", "--ignore-installed", "--report", str(report), f"sglang=={version}")
+        pip("install", "--dry-run", "--no-deps", "--ignore-installed", "--target", str(Path(tmp) / "t"),
+            "--report", str(report), *wheel_args, f"sglang=={version}")
         return release_from_report(version, json.loads(report.read_text()))
 
 
-def fetch_kernel(requirement: str, cache: Path) -> Path:
+def fetch_kernel(requirement: str, cache: Path, wheel_args: list[str]) -> Path:
     name, _, version = requirement.partition("==")
     stem = name.replace("-", "_")
     found = sorted(cache.glob(f"{stem}-{version}-*.whl"))
     if not found:
-        pip("download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--platform",
-            "manylinux2014_x86_64", "-d", str(cache), requirement)
+        pip("download", "--no-deps", *wheel_args, "-d", str(cache), requirement)
         found = sorted(cache.glob(f"{stem}-{version}-*.whl"))
     if not found:
         raise FileNotFoundError(f"{requirement}: pip download left no wheel in {cache}")
@@ -157,22 +170,31 @@ def main() -> None:
     ap.add_argument("--from", dest="start", default="0.5.10", help="the oldest sglang release checked")
     ap.add_argument("--torch", default="2.11.0", help="the GPU image's torch version")
     ap.add_argument("--cuda-major", type=int, default=13, help="the CUDA major of the image's torch build")
+    ap.add_argument("--python", default="3.12", help="the image's CPython")
+    ap.add_argument("--glibc", default="2.39", help="the image's glibc")
     ap.add_argument("--cache", default="/tmp/sglang-kernel-cache", help="where kernel wheels are kept")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     cache = Path(a.cache)
     cache.mkdir(parents=True, exist_ok=True)
     rows, links = [], {}
+    wheel_args = image_wheel_args(a.python, a.glibc)
     for v in versions_from(a.start):
-        r = resolve(v)
+        try:
+            r = resolve(v, wheel_args)
+        except subprocess.CalledProcessError:
+            rows.append({"version": v, "verdict": f"no wheel for CPython {a.python} / glibc {a.glibc}"})
+            print(f"sglang {v:12s} {rows[-1]['verdict']}")
+            continue
         if r.pins.get("torch") == a.torch and r.kernel and r.kernel not in links:
-            links[r.kernel] = kernel_links(fetch_kernel(r.kernel, cache))
+            links[r.kernel] = kernel_links(fetch_kernel(r.kernel, cache, wheel_args))
         k = links.get(r.kernel)
         rows.append({**asdict(r), "kernel_links": asdict(k) if k else None,
                      "verdict": verdict(r, k, a.torch, a.cuda_major)})
-        print(f"sglang {v:12s} torch {r.pins.get('torch', '-'):8s} {r.kernel:24s} {rows[-1]['verdict']}")
+        print(f"sglang {v:12s} torch {r.pins.get('torch', '-'):8s} {r.kernel:26s} {rows[-1]['verdict']}  {r.wheel}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    record = {"image": {"torch": a.torch, "cuda_major": a.cuda_major}, "releases": rows,
+    record = {"image": {"torch": a.torch, "cuda_major": a.cuda_major, "python": a.python, "glibc": a.glibc},
+              "releases": rows,
               "provenance": provenance.collect({"pip": metadata.version("pip")})}
     Path(a.out).write_text(json.dumps(record, indent=2) + "\n")
 

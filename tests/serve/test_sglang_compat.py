@@ -82,3 +82,14 @@ def test_verdict_names_the_constraint_that_fails():
     assert sc.verdict(newer, None, "2.11.0", 13) == "torch pin 2.14.1 != 2.11.0"
     bare = sc.Release("0.5.0", ">=3.10", {"torch": "2.11.0"}, "")
     assert sc.verdict(bare, None, "2.11.0", 13) == "no kernel wheel pinned"
+
+
+def test_image_wheel_args_accept_every_manylinux_tag_up_to_the_image_glibc():
+    args = sc.image_wheel_args("3.12", "2.39")
+    platforms = [args[i + 1] for i, a in enumerate(args) if a == "--platform"]
+    # SGLang's cp312 wheels are tagged manylinux_2_34: an image with glibc 2.39 takes them, one with 2.31 not
+    assert "manylinux_2_34_x86_64" in platforms and "manylinux_2_39_x86_64" in platforms
+    assert "manylinux_2_40_x86_64" not in platforms
+    assert "manylinux_2_34_x86_64" not in [args[i + 1] for i, a in enumerate(sc.image_wheel_args("3.12", "2.31"))
+                                           if a == "--platform"]
+    assert args[args.index("--python-version") + 1] == "3.12" and "cp312" in args
