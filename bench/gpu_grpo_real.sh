@@ -113,7 +113,8 @@ update_bench() {  # the update alone on the GPU beside the measured matmul rate 
 
 rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model on GSM8K prompts (its own answer
   # lengths) at the recipe's memory share, colocated vs HF, then the standalone vllm.LLM.generate ceiling in a
-  # process of its own; the 1,024 fixed-length case (random 1.5B shape) with a cProfile of one vLLM call, both engines
+  # process of its own; the 1,024 fixed-length case (random 1.5B shape) with a cProfile of one vLLM call, both
+  # engines, then colocated over 2 and 4 vLLM engines
   local d=$RUNS/rollout-bench
   mkdir -p "$d"
   rb() { local name=$1; shift; echo "== $name" >> "$LOGS/rollout_bench.log"
@@ -129,6 +130,14 @@ rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model o
   rb fixed1024-colocated "${fixed[@]}" --profile "$d/fixed1024-colocated.prof.txt"
   VLLM_ENABLE_V1_MULTIPROCESSING=1 rb fixed1024-standalone "${fixed[@]}" --engines hf,vllm_standalone \
     --profile "$d/fixed1024-standalone.prof.txt"
+  # the same batch over K colocated engines, each scheduling its 1/K of the prompts in a process of its own; CUDA
+  # graphs up to each engine's 1,024 / K sequences, as the K = 1 run's go up to its whole batch. K = 1 with its
+  # engine core in a child process too, so K is the only change between the three
+  local k
+  for k in 1 2 4; do
+    rb "fixed1024-colocated-k$k" "${fixed[@]}" --cudagraph-max $((1024 / k)) --engine-core subprocess \
+      --vllm-engines "$k"
+  done
   python3 bench/rollout_bench_table.py "$d" --out "$RUNS/rollout-bench-table.md" >> "$LOGS/rollout_bench.log" 2>&1
 }
 

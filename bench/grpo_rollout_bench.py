@@ -16,7 +16,10 @@ decodes L_i tokens for sequence i (one request per sequence), HF decodes max_i L
 first L_i of row i; tokens/s of both = sum_i L_i / wall-clock ("response lengths" below says why and how).
 vLLM's tuning options (--max-num-seqs, --cudagraph-max, --no-flat-logprobs) are written to "vllm_options", as
 asked and as the engine ran them, so variants (one process each: vLLM does not hand GPU memory back in-process)
-can be compared; bench/gpu_grpo.sh PART variants runs a set.
+can be compared; bench/gpu_grpo.sh PART variants runs a set. --vllm-engines K runs the colocated engine as K
+vllm.LLM instances on the GPU, each with a contiguous share of the prompts and its scheduler in a process of its
+own (rollout.server.engines; needs --engine-core subprocess); K is recorded as "vllm_engines" and in the
+provenance. One K per process, as for the other options.
 
     # GPU (H200): a random-weight Qwen2.5-1.5B-shaped model with the tokenizer found in --tokenizer
     python bench/grpo_rollout_bench.py --model random:qwen2.5-1.5b --tokenizer .grpo-gpu/smol --out rollout_bench.json
@@ -27,6 +30,10 @@ can be compared; bench/gpu_grpo.sh PART variants runs a set.
     python bench/grpo_rollout_bench.py --model random:qwen2.5-1.5b --tokenizer .grpo-gpu/smol --prompts 64 \
         --group 16 --cudagraph-max 1024 --max-new-tokens 512 --lengths lognormal --length-mean 256 \
         --length-sigma 0.6 --repeats 2 --no-update --no-sync --out flat-graphs-1024-lognormal.json
+    # the same batch over 4 colocated engines (run K = 1, 2, 4 as one process each)
+    python bench/grpo_rollout_bench.py --model random:qwen2.5-1.5b --tokenizer .grpo-gpu/smol --prompts 64 \
+        --group 16 --cudagraph-max 1024 --repeats 2 --no-update --no-sync --engine-core subprocess \
+        --vllm-engines 4 --out fixed1024-k4.json
     # CPU plumbing: a tiny random Llama, HF engine only, sync into an own HF copy
     python bench/grpo_rollout_bench.py --tiny --out /tmp/rollout_bench.json
 """
@@ -57,6 +64,7 @@ from scalelab.grpo.completions import repeat_prompts
 from scalelab.grpo.config import LoraConfig, load_grpo_config
 from scalelab.grpo.engine_hf import HFGenerateEngine
 from scalelab.grpo.engine_vllm_colocated import VLLMColocatedEngine
+from scalelab.grpo.engine_vllm_multi import MultiColocatedEngine, PromptSlice
 from scalelab.grpo.engines import build_engine
 from scalelab.grpo.logprobs import sampled_logprobs
 from scalelab.grpo.parts import apply_lora, encode_prompt
@@ -133,7 +141,8 @@ def grpo_config(args: argparse.Namespace, engine: str):
         f"rollout.server.max_num_seqs={args.max_num_seqs}",
         f"rollout.server.max_cudagraph_capture_size={args.cudagraph_max}",
         f"rollout.server.flat_logprobs={str(not args.no_flat_logprobs).lower()}",
-        f"rollout.server.engine_core={args.engine_core}", "optim.lr=1e-6"])
+        f"rollout.server.engine_core={args.engine_core}", f"rollout.server.engines={args.vllm_engines}",
+        "optim.lr=1e-6"])
 
 
 def build(name: str, model: torch.nn.Module, tokenizer: object, args: argparse.Namespace, method: str,
@@ -455,11 +464,20 @@ def check_hf_memory(sequences: int, new_tokens: int, vocab_size: int, free_bytes
 
 def vllm_lengths_generate(vllm: object, lengths: Sequence[int], args: argparse.Namespace) -> Generate:
     """engine.generate in the fixed mode (its n-per-prompt requests, as the trainer calls it); else one request per
-    sequence with max_tokens = L_i (vllm_generate_lengths)."""
+    sequence with max_tokens = L_i (vllm_generate_lengths), on several engines split as their generate splits."""
     if args.length_spec.mode == "fixed":
         return vllm.generate
-    return lambda prompts, params: vllm_generate_lengths(vllm, length_requests(prompts, params.n, lengths,
-                                                                               params.seed), params)
+
+    def generate(prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
+        requests = length_requests(prompts, params.n, lengths, params.seed)
+        if not isinstance(vllm, MultiColocatedEngine):
+            return vllm_generate_lengths(vllm, requests, params)
+
+        def part(engine: VLLMColocatedEngine, s: PromptSlice) -> RolloutBatch:
+            rows = s.rows(params.n)
+            return vllm_generate_lengths(engine, requests[rows.start:rows.stop], params)
+        return vllm.run_split(part, len(prompts))
+    return generate
 
 
 def measure_engines(model: torch.nn.Module, tokenizer: object, prompts: list[list[int]], params: SamplingParams,
@@ -521,7 +539,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
     params = SamplingParams(args.group, args.temperature, args.top_p, args.max_new_tokens, args.seed)
     engines, vllm, batch, profile = measure_engines(model, tokenizer, prompts, params, lengths, args, workdir)
     update_ms = None if args.no_update else time_update(model, tokenizer, batch, args)
-    colocated = vllm if isinstance(vllm, VLLMColocatedEngine) else None
+    colocated = vllm if isinstance(vllm, (VLLMColocatedEngine, MultiColocatedEngine)) else None
     options = vllm_options(args, colocated)
     syncs = [] if args.no_sync else measure_syncs(model, tokenizer, colocated, args, workdir)
     if vllm is not None:
@@ -538,17 +556,18 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
             "task": args.task, "answer_lengths": asdict(length_stats(batch.lengths, args.max_new_tokens)),
             "engines": {k: asdict(e) for k, e in engines.items()}, "baseline": "hf",
             "ratio_vllm_over_hf": None if v is None else v.tokens_per_s / hf_tps, "update_ms": update_ms,
-            "vllm_options": options, "weight_sync": [asdict(s) for s in syncs],
+            "vllm_engines": args.vllm_engines, "vllm_options": options, "weight_sync": [asdict(s) for s in syncs],
             "profile": profile}
 
 
-def provenance() -> dict:
+def provenance(vllm_engines: int = 1) -> dict:
     import transformers
     from scalelab.core.provenance import git_sha
     out = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0],
            "command": " ".join(sys.argv), "unix_time": time.time(), "git_sha": git_sha(),
            # 1: vLLM's engine core in a child process (its default), 0: in this process (the colocated engine's)
-           "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")}
+           "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),
+           "vllm_engines": vllm_engines}  # colocated vllm.LLM instances sharing the GPU (--vllm-engines)
     try:
         import vllm
         out["vllm"] = vllm.__version__
@@ -598,6 +617,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="vLLM's dict + Logprob object per token instead of FlatLogprobs (the old path)")
     p.add_argument("--engine-core", choices=("inprocess", "subprocess"), default="inprocess",
                    help="where vLLM's engine core runs (rollout.server.engine_core)")
+    p.add_argument("--vllm-engines", type=int, default=1,
+                   help="K colocated vllm.LLM instances on the GPU, each with 1/K of the prompts and of "
+                        "--gpu-memory-utilization and its scheduler in a process of its own "
+                        "(rollout.server.engines; needs --engine-core subprocess)")
     p.add_argument("--no-update", action="store_true", help="skip the update timing")
     p.add_argument("--no-sync", action="store_true", help="skip the weight-sync timings")
     p.add_argument("--seed", type=int, default=0)
@@ -607,6 +630,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.engines) - {"hf", "vllm_colocated", "vllm_standalone"}
     if unknown or {"vllm_colocated", "vllm_standalone"} <= set(args.engines):
         p.error(f"--engines {','.join(args.engines)}: hf plus at most one of vllm_colocated, vllm_standalone")
+    if args.vllm_engines > 1 and "vllm_standalone" in args.engines:
+        p.error(f"--vllm-engines {args.vllm_engines}: the colocated engine's; vllm_standalone is one vllm.LLM")
     if args.tiny:
         args.model, args.engines = "random:tiny", ["hf"]
         args.prompts, args.group, args.max_new_tokens, args.repeats = 2, 4, 16, 2
@@ -648,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
         result = measure(args, Path(tmp))
-    result["provenance"] = provenance()
+    result["provenance"] = provenance(args.vllm_engines)
     write_json(args.out, result)
     print("\n".join(summary_lines(result)))
     return 0

@@ -1,8 +1,9 @@
 """The rollout ratios of a set of bench/grpo_rollout_bench.py runs as one markdown table: each run's engines beside
 the HF baseline measured in the same process, and, for a colocated run with a standalone run of the same batch
 (same model, task, prompts x group, max_new_tokens, memory share), the colocated engine's share of the standalone
-ceiling. Ratios across two processes compare two HF baselines as well: their ratio is printed, so a drift between
-the processes shows.
+ceiling. K is the run's number of vLLM engines (--vllm-engines: colocated vllm.LLM instances sharing the GPU;
+runs recorded before the option ran one). Ratios across two processes compare two HF baselines as well: their
+ratio is printed, so a drift between the processes shows.
 
     python bench/rollout_bench_table.py RUN_DIR [--out table.md]
 """
@@ -21,12 +22,18 @@ def batch_key(r: dict) -> tuple:
             b["temperature"], b["top_p"], o.get("gpu_memory_utilization"))
 
 
+def engine_count(r: dict, vllm: str | None) -> int | None:
+    """vLLM engines the run used: its vllm_engines record, else 1 (runs written before the option); None for HF."""
+    return None if vllm is None else int(r.get("vllm_engines") or 1)
+
+
 def row(name: str, r: dict) -> dict:
     e = r["engines"]
     vllm = next((k for k in ("vllm_colocated", "vllm_standalone") if k in e), None)
     a = r["answer_lengths"]
-    return {"run": name, "engine": vllm, "sequences": r["batch"]["sequences"], "hf": e["hf"]["tokens_per_s"],
-            "vllm": e[vllm]["tokens_per_s"] if vllm else None, "ratio": r["ratio_vllm_over_hf"],
+    return {"run": name, "engine": vllm, "k": engine_count(r, vllm), "sequences": r["batch"]["sequences"],
+            "hf": e["hf"]["tokens_per_s"], "vllm": e[vllm]["tokens_per_s"] if vllm else None,
+            "ratio": r["ratio_vllm_over_hf"],
             "mean_len": a["mean"], "p90_len": a["p90"], "at_cap": a["at_cap_frac"], "key": batch_key(r)}
 
 
@@ -45,14 +52,16 @@ def ceiling_shares(rows: list[dict]) -> dict[str, tuple[float, float]]:
 def render(runs: dict[str, dict]) -> str:
     rows = [row(name, r) for name, r in sorted(runs.items())]
     shares = ceiling_shares(rows)
-    lines = ["| run | vLLM engine | sequences | answer tokens mean / p90 (at cap) | HF tok/s | vLLM tok/s | vLLM / HF "
-             "| colocated / standalone (HF drift) |", "|---|---|---:|---|---:|---:|---:|---|"]
+    lines = ["| run | vLLM engine | K | sequences | answer tokens mean / p90 (at cap) | HF tok/s | vLLM tok/s "
+             "| vLLM / HF | colocated / standalone (HF drift) |",
+             "|---|---|---:|---:|---|---:|---:|---:|---|"]
     for x in rows:
         share = shares.get(x["run"])
         vllm = f"{x['vllm']:,.0f}" if x["vllm"] else "-"
         ratio = f"{x['ratio']:.2f}x" if x["ratio"] else "-"
-        lines.append(f"| {x['run']} | {x['engine'] or '-'} | {x['sequences']:,} | {x['mean_len']:.0f} / "
-                     f"{x['p90_len']:.0f} ({100 * x['at_cap']:.1f}%) | {x['hf']:,.0f} | {vllm} | {ratio} | "
+        lines.append(f"| {x['run']} | {x['engine'] or '-'} | {x['k'] or '-'} | {x['sequences']:,} | "
+                     f"{x['mean_len']:.0f} / {x['p90_len']:.0f} ({100 * x['at_cap']:.1f}%) | {x['hf']:,.0f} | "
+                     f"{vllm} | {ratio} | "
                      + (f"{100 * share[0]:.0f}% ({share[1]:.2f})" if share else "-") + " |")
     return "\n".join(lines) + "\n"
 

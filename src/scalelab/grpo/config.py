@@ -120,9 +120,9 @@ class ServerConfig:
     max_cudagraph_capture_size: int = param(
         0, "largest decode batch vLLM captures a CUDA graph for (compilation_config, server "
            "--max-cudagraph-capture-size); larger batches decode eagerly. 0 = vLLM's default min(2 * max_num_seqs, "
-           "512): measured on an H200 (Qwen2.5-1.5B shape, 256 new tokens) vLLM took 14-16 s for 1,024 sequences "
-           "vs HF generate's 7.4 s, while 256 sequences ran 2x faster than HF (bench/gpu_grpo.sh variants "
-           "measures setting it to the step's P*G). Must be "
+           "512), so a step of more sequences than that decodes without graphs, paying a kernel launch per op "
+           "on the host; setting it to the step's P*G keeps the whole batch on graphs (bench/gpu_grpo.sh "
+           "variants measures both). Must be "
            "a size vLLM captures: 1, 2, 4, a multiple of 8 below 256, a multiple of 16 from 256", ge=0)
     engine_core: Literal["inprocess", "subprocess"] = param(
         "inprocess", "colocated engine: where vLLM's engine core (scheduler + model runner) runs. inprocess: in "
@@ -130,12 +130,23 @@ class ServerConfig:
                      "trainer's thread between GPU steps, and weights load through apply_model; subprocess: "
                      "vLLM's own child process on the same GPU, which overlaps that CPU work with the GPU "
                      "(VLLM_ENABLE_V1_MULTIPROCESSING=1), and weights move as CUDA IPC handles, no copy")
+    engines: int = param(
+        1, "colocated engine: vllm.LLM instances sharing the GPU, each generating a contiguous share of a call's "
+           "prompts (a prompt's n samples stay on one engine) with gpu_memory_utilization / engines of the GPU "
+           "(its own copy of the weights, KV cache and CUDA graphs inside that share). vLLM V1 schedules every "
+           "decode step in Python, one engine core per process, so with a small model and a large batch the "
+           "host-side scheduler rather than the GPU can set the step time; N engines run N schedulers side by "
+           "side. Needs engine_core='subprocess'; sub-engine k is seeded train.seed + k. 1 = one engine", ge=1)
     flat_logprobs: bool = param(
         True, "colocated engine: ask vLLM for FlatLogprobs (a few flat lists per sequence) instead of a dict and a "
               "Logprob object per generated token, built on the decode loop's thread since the engine core runs "
               "in-process; used when the installed vLLM's SamplingParams has the field, else the dict path")
 
     def validate(self) -> None:
+        if self.engines > 1 and self.engine_core != "subprocess":
+            raise ConfigError(f"config field 'rollout.server.engines': {self.engines} engines need "
+                              "rollout.server.engine_core='subprocess', each engine's scheduler in a process of its "
+                              f"own; with {self.engine_core!r} they would all schedule on this process's thread")
         size = self.max_cudagraph_capture_size
         if size and self.enforce_eager:
             raise ConfigError(f"config field 'rollout.server.max_cudagraph_capture_size': {size} needs CUDA graphs, "

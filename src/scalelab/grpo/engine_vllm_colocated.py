@@ -15,7 +15,7 @@ from scalelab.grpo.capabilities import CAPABILITIES
 from scalelab.grpo.completions import batch_decoder, cut_at_stop, repeat_prompts, text_decoder
 from scalelab.grpo.ipc import ipc_weight_chunks, load_ipc_weights
 from scalelab.grpo.logprobs import sampled_logprobs
-from scalelab.grpo.types import EngineContext, RolloutBatch, SamplingParams
+from scalelab.grpo.types import EngineContext, RolloutBatch, RolloutEngine, SamplingParams
 from scalelab.grpo.weightsync import base_model, write_model_folder
 
 
@@ -149,11 +149,21 @@ def colocated_llm_kwargs(s: Any, dtype: torch.dtype, seed: int) -> dict:
     return kwargs
 
 
-def build_vllm_colocated(ctx: EngineContext) -> VLLMColocatedEngine:
+def colocated_model_folder(ctx: EngineContext) -> tuple[Path, torch.dtype]:
+    """The policy written once as the folder vLLM starts from (its weights are replaced by every sync)."""
     dtype = next(base_model(ctx.policy).parameters()).dtype
     model_dir = ctx.workdir / "colocated-model"
     write_model_folder(ctx.policy, ctx.tokenizer, model_dir, dtype)
+    return model_dir, dtype
+
+
+def build_vllm_colocated(ctx: EngineContext) -> RolloutEngine:
+    """One engine, or with rollout.server.engines > 1 several behind one interface (engine_vllm_multi)."""
     s = ctx.rollout.server
+    if s.engines > 1:
+        from scalelab.grpo.engine_vllm_multi import build_vllm_multi  # lazy: that module imports this one
+        return build_vllm_multi(ctx)
+    model_dir, dtype = colocated_model_folder(ctx)
     return VLLMColocatedEngine(model_dir, text_decoder(ctx.tokenizer), stop_token_ids(ctx.policy, ctx.tokenizer),
                                dtype, colocated_llm_kwargs(s, dtype, ctx.seed), ctx.weights_version,
                                flat_logprobs=s.flat_logprobs, decode_batch=batch_decoder(ctx.tokenizer),

@@ -12,6 +12,14 @@ builder makes one from the trainer's parts (EngineContext). Every engine has one
 |                 |                                  |                                              | broadcast (GPUs)          |
 | vllm_colocated  | vllm.LLM in the trainer, GPU only | vLLM sampler, processed_logprobs, returned  | load_weights in place     |
 |                 |                                  | as FlatLogprobs                              |                           |
+|                 | rollout.server.engines = K > 1:  | the same, per engine; a call's prompts split | every engine, one after   |
+|                 | K vllm.LLM on the one GPU, each  | into K contiguous slices, generated at once, | another, from one pass    |
+|                 | its engine core in a process of  | merged back in order (engine_vllm_multi)     | over the weights          |
+|                 | its own                          |                                              |                           |
+
+vllm_colocated with K > 1 is still the engine named vllm_colocated: build_vllm_colocated returns the K engines
+behind one (engine_vllm_multi.MultiColocatedEngine, the same name and capabilities), so callers of the registry
+need not know; K = 1 builds the single engine as before.
 
 Every engine reports the behaviour policy's log-probability of each sampled token as log softmax(logits / T)
 over the whole vocabulary: vLLM's `processed_logprobs` mode (after temperature; with top_p = 1 nothing else
