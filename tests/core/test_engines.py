@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from scalelab.core.engines import NO_MULTICAST_ENV, EngineError, EngineSpec, RunningServer, build_command, probe_ready
+from scalelab.core.engines import (NO_MULTICAST_ENV, EngineError, EngineSpec, RunningServer, build_command,
+                                   probe_ready, provenance)
 from scalelab.core.net import free_port
 from scalelab.serve.client import ClientConfig, run_closed_loop
 from scalelab.serve.workload import Request
@@ -60,6 +61,14 @@ def test_sglang_command_line():
     assert build_command(spec) == [
         "/py", "-m", "sglang.launch_server", "--model-path", "org/model", "--tp", "4", "--host", "0.0.0.0",
         "--port", "30000", "--dtype", "float16", "--chunked-prefill-size", "512", "--disable-radix-cache"]
+
+
+def test_sglang_kernel_choices_are_recorded_as_tuning_flags():
+    """The SGLang bundle serves with FA3 attention and PyTorch sampling (flashinfer's kernels are not carried):
+    a row's provenance must say which kernels ran."""
+    spec = EngineSpec("sglang", "/m", extra_flags={"attention_backend": "fa3", "sampling_backend": "pytorch",
+                                                    "log_level": "warning"})
+    assert provenance(spec)["tuning_flags"] == {"attention-backend": "fa3", "sampling-backend": "pytorch"}
 
 
 def test_unknown_engine_names_the_allowed_ones():

@@ -102,7 +102,8 @@ COMMAND_BUILDERS: dict[str, Callable[[EngineSpec], list[str]]] = {"vllm": vllm_c
 # Flags that change throughput/latency and so belong in a run's provenance (vLLM and SGLang names).
 TUNING_FLAGS = ("max-num-seqs", "max-running-requests", "enable-chunked-prefill", "chunked-prefill-size",
                 "max-num-batched-tokens", "enable-prefix-caching", "no-enable-prefix-caching", "disable-radix-cache",
-                "enforce-eager")  # no CUDA graphs / compile: decode latency differs, so a row must say so
+                "enforce-eager",  # no CUDA graphs / compile: decode latency differs, so a row must say so
+                "attention-backend", "sampling-backend")  # SGLang's kernel choices (fa3, flashinfer, pytorch)
 
 
 def build_command(spec: EngineSpec) -> list[str]:
