@@ -7,11 +7,17 @@ grid (scalelab.pretrain.ttt_stats.grid_rule), the target from its seeds, every s
     RESULTS/recipe/seed-<n>/       the recipe, one pass at most, stopping at the target
     RESULTS/stats.json             written by `stats`
 
-Each run folder holds the trainer's metrics.jsonl and train_summary.json (a finished run) and the exact command
-(cmd). Training seconds are bench/gpu_pretrain_ttt.py's (steady-speed compile warm-up, the clock stopped during
+Each run folder holds the trainer's metrics.jsonl and train_summary.json (a finished run), the exact command (cmd)
+and heldout.json (`scalelab pretrain heldout`: its WikiText-2 loss, which stats.json's "losses" puts beside its val
+loss). Training seconds are bench/gpu_pretrain_ttt.py's (steady-speed compile warm-up, the clock stopped during
 evaluation and checkpointing).
 
-    python3 bench/gpu_pretrain_ttt_real.py grid|target|stats|finished --results RESULTS [--dir RUN] [--seeds N]
+`steps` prints the length of one pass (scalelab.pretrain.shards.one_pass over the train shards, at the config's
+micro-batch and block size): the most steps before the seeded shuffle starts its second epoch, so neither side sees
+a token twice, as the speedrun's one-pass baseline needs; what it leaves out goes to stderr.
+
+    python3 bench/gpu_pretrain_ttt_real.py grid|target|stats|finished|scored|steps --results RESULTS [--dir RUN]
+        [--seeds N] [--name HELDOUT] [--config TOML --set KEY=VALUE ...]
 """
 from __future__ import annotations
 
@@ -26,6 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import gpu_pretrain_ttt as ttt  # noqa: E402
 from scalelab.pretrain import ttt_stats  # noqa: E402
+from scalelab.pretrain.config import load_pretrain_config  # noqa: E402
+from scalelab.pretrain.heldout_record import read_records  # noqa: E402
+from scalelab.pretrain.shards import PassPlan, list_shards, one_pass, shard_token_counts  # noqa: E402
+
+LAYOUTS = ("grid", "baseline", "recipe")
 
 
 def finished_runs(folder: Path) -> dict[str, ttt.RunCurve]:
@@ -64,6 +75,40 @@ def seed_times(runs: dict[str, ttt.RunCurve], goal: float) -> list[ttt_stats.See
                                 c.train_s, c.tokens) for name, c in runs.items()]
 
 
+def pass_plan(config: str | None, sets: list[str], world: int = 1) -> PassPlan:
+    """One pass over the train shards of the run config (data.dir, micro-batch, block size, tokens per step)."""
+    cfg = load_pretrain_config(config, sets)
+    counts = shard_token_counts(list_shards(cfg.data.dir, "train"))
+    return one_pass(counts, cfg.train.micro_batch_size, cfg.model.block_size, world, cfg.grad_accum(world))
+
+
+def describe_pass(plan: PassPlan) -> str:
+    return (f"one pass = {plan.steps} steps of {plan.windows_per_step} windows ({plan.trained_tokens:,} target "
+            f"tokens); of the {plan.windows} windows of {plan.seq + 1} tokens, {plan.dropped_windows} are left out: "
+            "each shard's windows past its last whole micro-batch, and the micro-batches short of a whole step")
+
+
+def print_steps(plan: PassPlan) -> int:
+    """The step count on stdout (the shell script reads it), what the pass leaves out on stderr."""
+    if plan.steps < 1:
+        raise SystemExit(f"the train shards hold {plan.windows} windows, fewer than one step's {plan.windows_per_step}")
+    print(describe_pass(plan), file=sys.stderr)
+    print(plan.steps)
+    return 0
+
+
+def losses(results: Path) -> dict[str, dict]:
+    """'<layout>/<run>' -> its final val loss and each held-out set's loss and token count, for every finished run."""
+    out = {}
+    for layout in LAYOUTS:
+        for name, curve in finished_runs(results / layout).items():
+            row = {"val_loss": final_loss(curve)}
+            for key, rec in read_records(results / layout / name).items():
+                row |= {f"{key}_loss": rec["loss"], f"{key}_tokens": rec["tokens"]}
+            out[f"{layout}/{name}"] = row
+    return out
+
+
 def stats(results: Path, seeds: int) -> dict:
     rule = grid(results)
     doc = {"grid": asdict(rule), "rules": {"target": "mean over the baseline's seeds of its val loss after one "
@@ -76,19 +121,27 @@ def stats(results: Path, seeds: int) -> dict:
     else:
         goal = target(results, seeds)
         doc.update(status="done", **ttt_stats.compare(seed_times(base, goal), seed_times(recipe, goal), goal))
+    doc["losses"] = losses(results)
     (results / "stats.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return doc
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("verb", choices=("grid", "target", "stats", "finished"))
+    ap.add_argument("verb", choices=("grid", "target", "stats", "finished", "scored", "steps"))
     ap.add_argument("--results", type=Path, required=True)
-    ap.add_argument("--dir", type=Path, help="finished: a run folder")
+    ap.add_argument("--dir", type=Path, help="finished, scored: a run folder")
     ap.add_argument("--seeds", type=int, default=ttt_stats.MIN_SEEDS)
+    ap.add_argument("--name", default="wikitext2", help="scored: the held-out set's name in heldout.json")
+    ap.add_argument("--config", help="steps: the run config")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="steps: a config override")
     args = ap.parse_args(argv)
     if args.verb == "finished":  # exit 0 when the run folder holds a finished run
         return 0 if (args.dir / "train_summary.json").is_file() else 1
+    if args.verb == "scored":  # exit 0 when the run folder records its loss on the held-out set
+        return 0 if args.name in read_records(args.dir) else 1
+    if args.verb == "steps":
+        return print_steps(pass_plan(args.config, args.set))
     if args.verb == "grid":  # "tuned LR" | "extend low LR" | "extend high LR" | "too few"
         rule = grid(args.results)
         lr = rule.best_lr if rule.status == "tuned" else rule.next_lr

@@ -6,14 +6,24 @@
 #   2. SEEDS baseline seeds at the tuned lr, one pass each; target = the mean of their final val losses;
 #   3. SEEDS recipe seeds (RECIPE_SETS), at most one pass each, each stopping at its first evaluation at or below
 #      the target (train.target_val_loss).
-# One pass = floor(train tokens / TOKENS_PER_STEP) steps of a seeded shuffle (train.seed), so no window is seen
-# twice by either side; TOKENS_PER_STEP <= 131,072 so that a pass is >= 200 steps (the prepared corpus: 30,638,617
-# train tokens = 233 steps; 1,216,711 val tokens).
+# One pass = the steps a seeded shuffle (train.seed) serves before its second epoch, so no window is seen twice by
+# either side: floor(micro-batches of the epoch / grad accum), where each train shard gives floor(its windows of
+# block_size+1 tokens / (micro_batch_size * world)) micro-batches (`gpu_pretrain_ttt_real.py steps`, which says what
+# is left out); floor(train tokens / TOKENS_PER_STEP) can overshoot it. TOKENS_PER_STEP <= 131,072 so that a pass is
+# >= 200 steps (the prepared corpus: 30,638,617 train tokens in shards of 30,000,000 and 638,617 = 233 steps at
+# B=64, T=1024; 1,216,711 val tokens). RECIPE_SETS change the optimizer and kernels, not B or T, so a pass is the
+# same length for both sides.
+# Held-out check: each finished run's WikiText-2 loss (`scalelab pretrain heldout`, from its checkpoint while this
+# machine still has it) goes to heldout.json in its run folder and beside its val loss in stats.json ("losses").
+# HELDOUT = the shard folder of configs/pretrain/prepare-wikitext2-heldout.toml, prepared here when missing and
+# ../shared/data is there, else carried (.gpu-data/wikitext2-heldout); without it the runs are trained, not scored.
 # Every run evaluates every VAL_EVERY steps on the whole val split of the manifest (a fixed val set, as the
 # speedrun's); the clock excludes compile warm-up and evaluation (bench/gpu_pretrain_ttt.py).
 #
 # Data: configs/pretrain/prepare-sharegpt-corpora.toml, moved as .gpu-data/z/sharegpt-corpora.tar.xz
-# (bash bench/gpu_data.sh pack sharegpt-corpora; carry ".gpu-data/z").
+# (bash bench/gpu_data.sh pack sharegpt-corpora; carry ".gpu-data/z"). The held-out set, 0.5 MB: scalelab pretrain
+# prepare --config configs/pretrain/prepare-wikitext2-heldout.toml --set 'out_dir=".gpu-data/wikitext2-heldout"'
+# (carry ".gpu-data/wikitext2-heldout" too, unless the machine has ../shared/data).
 # Run folders (no checkpoints) go to RESULTS = results/h200/pretrain/ttt/{grid/lr-*,baseline/seed-*,recipe/seed-*}
 # and a copy to $OUT/ttt/; after each call copy $OUT/ttt/* into results/h200/pretrain/ttt/ and commit, so that a
 # fresh machine skips what is finished. A run cut off by the call's end resumes from its checkpoint while the
@@ -26,6 +36,7 @@ set -uo pipefail
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; DATA=${DATA:-/tmp/d}; RESULTS=${RESULTS:-results/h200/pretrain/ttt}; ROOT=${ROOT:-runs/ttt-real}
 CONFIG=${CONFIG:-configs/pretrain/gpt2-124m-fineweb-edu.toml}
+HELDOUT=${HELDOUT:-.gpu-data/wikitext2-heldout}; HELDOUT_NAME=${HELDOUT_NAME:-wikitext2}
 TOKENS_PER_STEP=${TOKENS_PER_STEP:-131072}; VAL_EVERY=${VAL_EVERY:-10}; CKPT_EVERY=${CKPT_EVERY:-50}
 GRID_LRS=${GRID_LRS:-"3e-4 6e-4 1.2e-3 2.4e-3"}   # 2x steps around GPT-3's 6e-4 for 125M (Table 2.1)
 GRID_SEED=${GRID_SEED:-0}; SEEDS=${SEEDS:-5}; MAX_GRID=${MAX_GRID:-8}
@@ -33,9 +44,14 @@ BUDGET_S=${BUDGET_S:-560}; MIN_LEFT_S=${MIN_LEFT_S:-240}   # compile (~1.5 min) 
 # the measured recipe of bench/gpu_pretrain_ttt.sh: Muon on the hidden matrices, cuDNN attention, the chunked loss
 RECIPE_SETS=${RECIPE_SETS:-'train.optimizer="muon" train.attention="cudnn" train.loss_chunks=8 optim.lr=1.8e-3'}
 if (( TOKENS_PER_STEP > 131072 )); then echo "TOKENS_PER_STEP=$TOKENS_PER_STEP: the issue's bound is 131,072" >&2; exit 2; fi
-train_tokens=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens"]["train"])' "$DATA/manifest.json") || exit 2
-STEPS=$(( train_tokens / TOKENS_PER_STEP ))   # one pass, the partial last batch dropped
+pass_sets=(--set "data.dir=\"$DATA\"" --set train.total_batch_tokens=$TOKENS_PER_STEP)
+for kv in ${EXTRA_SETS:-}; do pass_sets+=(--set "$kv"); done
+STEPS=$(python3 bench/gpu_pretrain_ttt_real.py steps --results "$RESULTS" --config "$CONFIG" "${pass_sets[@]}") || exit 2
 mkdir -p "$OUT/ttt" "$ROOT" "$RESULTS"
+if [ ! -e "$HELDOUT" ] && [ -d ../shared/data/corpora/wikitext2_tokenized ]; then
+  python3 -m scalelab.cli pretrain prepare --config configs/pretrain/prepare-wikitext2-heldout.toml \
+    --set "out_dir=\"$HELDOUT\"" --set progress=false > /dev/null || echo "== could not prepare $HELDOUT"
+fi
 start=$(date +%s); todo=0
 common=(--config "$CONFIG" --set "data.dir=\"$DATA\"" --set "run.out_dir=\"$ROOT\"" --set 'run.gpu="h200"'
         --set data.val_tokens=0 --set train.max_steps=$STEPS --set train.total_batch_tokens=$TOKENS_PER_STEP
@@ -50,11 +66,24 @@ keep() {  # run folder -> RESULTS/<layout> and $OUT/ttt/<layout>, without the ch
   done
 }
 
+heldout() {  # layout: a finished run's loss on the held-out set, scored once from its checkpoint, kept beside it
+  local layout=$1 name=${1//\//-}
+  ana scored --dir "$RESULTS/$layout" --name "$HELDOUT_NAME" && return 0
+  [ -e "$HELDOUT" ] || { echo "== $layout: no held-out set $HELDOUT, $HELDOUT_NAME not scored"; return 0; }
+  [ -f "$ROOT/$name/checkpoint.pt" ] || { echo "== $layout: no checkpoint here, $HELDOUT_NAME not scored"; return 0; }
+  if timeout 120 python3 -m scalelab.cli pretrain heldout "$ROOT/$name" --data "$HELDOUT" --name "$HELDOUT_NAME" \
+       >> "$ROOT/$name/heldout.log" 2>&1; then
+    keep "$ROOT/$name" "$layout"; tail -1 "$ROOT/$name/heldout.log"
+  else
+    echo "== $layout: scoring $HELDOUT_NAME failed"; tail -3 "$ROOT/$name/heldout.log"
+  fi
+}
+
 run() {  # layout "k=v k=v": train (or resume) one run in the time left; returns 0 once it has finished
   local layout=$1 name=${1//\//-} left rc
   local args=("${common[@]}" --set "run.name=\"$name\"")
   for kv in $2 ${EXTRA_SETS:-}; do args+=(--set "$kv"); done   # EXTRA_SETS last: they win
-  ana finished --dir "$RESULTS/$layout" && { echo "== $layout: finished"; return 0; }
+  ana finished --dir "$RESULTS/$layout" && { echo "== $layout: finished"; heldout "$layout"; return 0; }
   left=$(( BUDGET_S - ($(date +%s) - start) ))
   if (( left < MIN_LEFT_S )); then echo "== $layout: only $left s left; call again"; todo=1; return 1; fi
   mkdir -p "$ROOT/$name"
@@ -63,7 +92,7 @@ run() {  # layout "k=v k=v": train (or resume) one run in the time left; returns
   timeout "$left" python3 -m scalelab.cli pretrain train "${args[@]}" >> "$ROOT/$name/train.log" 2>&1
   rc=$?
   keep "$ROOT/$name" "$layout"
-  ana finished --dir "$RESULTS/$layout" && return 0
+  ana finished --dir "$RESULTS/$layout" && { heldout "$layout"; return 0; }
   echo "== $layout: exit $rc (124 = cut off by the call's end)"; tail -3 "$ROOT/$name/train.log"
   todo=1; return 1
 }

@@ -9,7 +9,7 @@ from scalelab.core.errors import ScalelabError
 
 # job name -> module exposing `register(subparsers)`; each verb sets `func(args) -> int`.
 JOBS = {
-    "pretrain": ("scalelab.pretrain.commands", "GPT-2 pretraining: prepare, train, predict, parity, export, report"),
+    "pretrain": ("scalelab.pretrain.commands", "GPT-2 pretraining: prepare, train, predict, parity, export, eval, heldout, report"),
     "calc": ("scalelab.calc.commands", "back-of-envelope engines: parallelism communication, disaggregation"),
     "demo": ("scalelab.demo", "run the whole offline CPU demo end to end"),
     "dpo": ("scalelab.dpo.commands", "preference tuning: LoRA DPO / IPO / ORPO with TRL, margins, sweep, merge"),

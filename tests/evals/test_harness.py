@@ -179,6 +179,7 @@ def test_cli_exports_the_run_writes_eval_json_and_logs_an_event(evaluated_run):
     assert (run / "hf" / "model.safetensors").is_file()  # exported first: the run had only a checkpoint
     result = json.loads((run / "eval.json").read_text())
     assert result["source"] == "local" and result["limit"] == LIMIT and result["lm_eval_version"] == "0.4.13"
+    assert set(result["provenance"]) == {"git_sha", "command"} and result["provenance"]["git_sha"]
     assert [t["name"] for t in result["tasks"]] == ["hellaswag", "arc_easy", "piqa"]
     for t in result["tasks"]:
         assert t["n_examples"] == LIMIT and t["n_available"] == N_AVAILABLE[t["name"]] and t["num_fewshot"] == 0

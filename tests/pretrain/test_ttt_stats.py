@@ -95,5 +95,7 @@ def test_grid_diverged_runs_count_as_worst_and_small_grids_are_too_few():
     assert r.status == "tuned" and r.losses[2:] == (math.inf, math.inf)
     assert grid_rule(GRID, [math.nan] * 4).status == "extend low"
     assert grid_rule(GRID[:3], [3.9, 3.5, 3.6]).status == "too few"
+    none_yet = grid_rule([], [])  # a first call cut off before any grid run finished
+    assert (none_yet.status, none_yet.best_lr, none_yet.next_lr) == ("too few", None, None)
     with pytest.raises(ValueError):
         grid_rule([1e-3, 1e-3, 2e-3, 3e-3], [1, 2, 3, 4])

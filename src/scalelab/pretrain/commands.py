@@ -1,4 +1,4 @@
-"""`scalelab pretrain <verb>`: prepare, train, predict, parity, export, eval, report, docs, config."""
+"""`scalelab pretrain <verb>`: prepare, train, predict, parity, export, eval, heldout, report, docs, config."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from scalelab.core import provenance
 from scalelab.core.config import add_config_args, format_description
 from scalelab.core.rundir import RunDir
 from scalelab.evals.harness import (EvalInputError, format_eval, parse_fewshot, run_lm_eval, write_eval_json,
@@ -53,6 +54,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = verbs.add_parser("eval", help="lm-evaluation-harness on a run's exported model (or any HF model folder)")
     _eval_args(p)
     p.set_defaults(func=_eval)
+
+    p = verbs.add_parser("heldout", help="a run's checkpoint scored on a held-out token set: mean cross-entropy "
+                                         "per token and the token count, recorded in <run>/heldout.json")
+    _heldout_args(p)
+    p.set_defaults(func=_heldout)
 
     p = verbs.add_parser("report", help="regenerate REPORT.md and figures from a run folder alone")
     p.add_argument("run", help="run folder")
@@ -146,7 +152,6 @@ def _eval_model_dir(target: Path) -> tuple[Path, Path | None]:
 
 
 def _eval(args: argparse.Namespace) -> int:
-
     batch = int(args.batch_size) if args.batch_size.isdigit() else args.batch_size
     try:
         model_dir, run_dir = _eval_model_dir(Path(args.target))
@@ -159,7 +164,8 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out) if args.out else (run_dir / "eval.json" if run_dir else None)
     if out is not None:
-        write_eval_json(result, out)
+        prov = provenance.collect()
+        write_eval_json(result, out, {"git_sha": prov["git_sha"], "command": prov["command"]})
         if args.log_samples:
             write_samples(result, out.with_name("eval_samples.jsonl"))
     if run_dir is not None:
@@ -168,6 +174,26 @@ def _eval(args: argparse.Namespace) -> int:
                                   metrics={t.name: {m.name: m.value for m in t.metrics} for t in result.tasks},
                                   n_examples={t.name: t.n_examples for t in result.tasks})
     print(format_eval(result) + (f"\nwrote {out}" if out else ""))
+    return 0
+
+
+def _heldout_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="run folder holding checkpoint.pt and config.toml")
+    p.add_argument("--data", required=True,
+                   help="the held-out tokens: one llm.c token shard, or a folder of *.bin shards as `pretrain "
+                        "prepare` writes (WikiText-2: configs/pretrain/prepare-wikitext2-heldout.toml)")
+    p.add_argument("--name", default="", help="key of the score in heldout.json (default: the file or folder name)")
+    p.add_argument("--batch-size", type=int, default=0, help="windows per forward (default: the run's "
+                                                              "train.micro_batch_size)")
+    p.add_argument("--device", default="auto", help="torch device, e.g. cpu or cuda:0 (default: cuda when there)")
+
+
+def _heldout(args: argparse.Namespace) -> int:
+    from scalelab.pretrain.heldout import score_run
+    from scalelab.pretrain.heldout_record import format_heldout, record
+    result = score_run(args.run, args.data, args.name, args.batch_size, args.device)
+    path = record(args.run, result)
+    print(f"{format_heldout(result)}\nwrote {path}")
     return 0
 
 

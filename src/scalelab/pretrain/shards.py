@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -125,6 +126,12 @@ class TokenStream:
     Either way the global batch of a step is the same for any split of it into ranks or micro-batches,
     which is what makes DDP == one process and grad-accum == big batch hold exactly. A shard too short for
     the next step's windows rolls over to the next shard, and past the last shard to a new epoch.
+
+    One pass: within an epoch each window is served at most once, to one rank (a permutation, i.e. drawn without
+    replacement, read at a cursor that only moves forward, each rank at its own B-wide slice of it), and a resumed
+    stream rebuilds the same permutation from the saved (epoch, shard). So the first `one_pass(...).steps` steps
+    predict no target token twice, as a one-pass baseline by the speedrun's rules needs; the windows left out are
+    the last (windows mod B*world) of each shard's permutation and the micro-batches short of a whole step.
     """
 
     def __init__(self, files: list[Path], batch: int, seq: int, rank: int = 0, world: int = 1,
@@ -182,6 +189,43 @@ class TokenStream:
 
     def state(self) -> dict:
         return asdict(self.pos)
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """One epoch of a TokenStream, in windows of T+1 tokens at stride T (consecutive windows share one token, the
+    target of one and the first input of the next, so no token is a target twice)."""
+    seq: int               # T
+    windows: int           # every window of the shards
+    micro_batches: int     # served before the stream starts the next epoch: sum over shards of windows // (B*world)
+    steps: int             # whole optimizer steps within those: micro_batches // accum
+    windows_per_step: int  # B * world * accum
+    dropped_windows: int   # windows - steps * windows_per_step: never trained on in those steps
+
+    @property
+    def trained_tokens(self) -> int:
+        """Target tokens of the pass's steps, each predicted once."""
+        return self.steps * self.windows_per_step * self.seq
+
+
+def one_pass(shard_tokens: Sequence[int], batch: int, seq: int, world: int = 1, accum: int = 1) -> PassPlan:
+    """The longest run of steps that stays inside the first epoch, for shards of these token counts.
+
+    floor(total tokens / tokens per step) can overshoot it: each shard drops its last windows mod B*world (the
+    stream rolls over rather than split a micro-batch across shards) and its windows need T+1 tokens each, so a
+    step count from the token total alone can start the second epoch and show windows twice. The sequential
+    stream rolls over at the same count, floor((n - 1) / (B*T*world)) micro-batches per shard of n tokens."""
+    if min(batch, seq, world, accum) < 1:
+        raise ValueError(f"batch={batch}, seq={seq}, world={world}, accum={accum}: each must be >= 1")
+    per_shard = [max(0, (n - 1) // seq) for n in shard_tokens]
+    micro = sum(w // (batch * world) for w in per_shard)
+    steps, per_step = micro // accum, batch * world * accum
+    return PassPlan(seq, sum(per_shard), micro, steps, per_step, sum(per_shard) - steps * per_step)
+
+
+def shard_token_counts(files: Sequence[Path]) -> list[int]:
+    """Token count of each shard, from its validated header."""
+    return [read_header(f) for f in files]
 
 
 class ValWindows:

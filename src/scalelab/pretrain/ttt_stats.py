@@ -136,6 +136,8 @@ def grid_rule(lrs: Sequence[float], losses: Sequence[float], min_grid: int = MIN
         raise ValueError(f"lrs {list(lrs)} and losses {list(losses)}: one loss per distinct positive lr")
     pairs = sorted(zip(lrs, (x if math.isfinite(x) else math.inf for x in losses)))
     xs, ys = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+    if not xs:  # no grid run has finished yet (a first, cut-off call)
+        return GridRule("too few", None, None, xs, ys)
     best = min(ys)
     if best == math.inf:
         return GridRule("extend low", None, xs[0] / 2, xs, ys)  # every run diverged: smaller lrs
