@@ -15,7 +15,7 @@ from scalelab.grpo.capabilities import CAPABILITIES
 from scalelab.grpo.completions import batch_decoder, cut_at_stop, repeat_prompts, text_decoder
 from scalelab.grpo.ipc import ipc_weight_chunks, load_ipc_weights
 from scalelab.grpo.logprobs import sampled_logprobs
-from scalelab.grpo.types import EngineContext, RolloutBatch, RolloutEngine, SamplingParams
+from scalelab.grpo.types import EngineContext, RolloutBatch, SamplingParams
 from scalelab.grpo.weightsync import base_model, write_model_folder
 
 
@@ -157,12 +157,9 @@ def colocated_model_folder(ctx: EngineContext) -> tuple[Path, torch.dtype]:
     return model_dir, dtype
 
 
-def build_vllm_colocated(ctx: EngineContext) -> RolloutEngine:
-    """One engine, or with rollout.server.engines > 1 several behind one interface (engine_vllm_multi)."""
+def build_vllm_colocated(ctx: EngineContext) -> VLLMColocatedEngine:
+    """One engine (rollout.server.engines = 1; engines.py builds K > 1 through engine_vllm_multi)."""
     s = ctx.rollout.server
-    if s.engines > 1:
-        from scalelab.grpo.engine_vllm_multi import build_vllm_multi  # lazy: that module imports this one
-        return build_vllm_multi(ctx)
     model_dir, dtype = colocated_model_folder(ctx)
     return VLLMColocatedEngine(model_dir, text_decoder(ctx.tokenizer), stop_token_ids(ctx.policy, ctx.tokenizer),
                                dtype, colocated_llm_kwargs(s, dtype, ctx.seed), ctx.weights_version,

@@ -17,7 +17,7 @@ builder makes one from the trainer's parts (EngineContext). Every engine has one
 |                 | its engine core in a process of  | merged back in order (engine_vllm_multi)     | over the weights          |
 |                 | its own                          |                                              |                           |
 
-vllm_colocated with K > 1 is still the engine named vllm_colocated: build_vllm_colocated returns the K engines
+vllm_colocated with K > 1 is still the engine named vllm_colocated: its builder here returns the K engines
 behind one (engine_vllm_multi.MultiColocatedEngine, the same name and capabilities), so callers of the registry
 need not know; K = 1 builds the single engine as before.
 
@@ -35,14 +35,22 @@ from typing import Callable
 
 from scalelab.grpo.engine_hf import HFGenerateEngine, build_hf
 from scalelab.grpo.engine_vllm_colocated import VLLMColocatedEngine, build_vllm_colocated
+from scalelab.grpo.engine_vllm_multi import build_vllm_multi
 from scalelab.grpo.engine_vllm_server import VLLMServerEngine, build_vllm_server
 from scalelab.grpo.types import EngineContext, RolloutEngine
 
 ENGINE_CLASSES: dict[str, type[RolloutEngine]] = {
     "hf": HFGenerateEngine, "vllm_server": VLLMServerEngine, "vllm_colocated": VLLMColocatedEngine}
 
+
+
+def build_colocated(ctx: EngineContext) -> RolloutEngine:
+    """rollout.server.engines colocated engines: one, or K behind one interface."""
+    return build_vllm_multi(ctx) if ctx.rollout.server.engines > 1 else build_vllm_colocated(ctx)
+
+
 ENGINES: dict[str, Callable[[EngineContext], RolloutEngine]] = {
-    "hf": build_hf, "vllm_server": build_vllm_server, "vllm_colocated": build_vllm_colocated}
+    "hf": build_hf, "vllm_server": build_vllm_server, "vllm_colocated": build_colocated}
 
 
 def build_engine(name: str, ctx: EngineContext) -> RolloutEngine:
