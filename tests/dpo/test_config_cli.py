@@ -81,3 +81,60 @@ def test_predictions_by_hand():
     ipo = load_dpo_config(None, ["train.loss='ipo'", "train.beta=0.05", "train.precompute_ref_logprobs=true"])
     q = predict(ipo, _shape(), 50.0, 40, "cpu", uses_reference=True)
     assert q.initial_loss == pytest.approx(100.0) and q.forward_passes_per_step == 2.0
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b-gsm8k-h200", "qwen2.5-coder-1.5b-hh-h200"])
+def test_the_1_5b_configs_load_and_their_runs_see_at_least_ten_margin_points(name):
+    from scalelab.dpo.sweep_plan import expected_pairs, margin_points, planned_runs, train_share
+    cfg = load_dpo_config(CONFIGS / f"{name}.toml")
+    assert cfg.model.name == "qwen2.5-coder-1.5b-instruct-q4km" and cfg.train.save_steps > 0
+    if cfg.data.source == "verifier":
+        # the fewest pairs the header allows: per-question accuracies mostly all-or-nothing (Beta, a + b = 1)
+        n_train = round(expected_pairs(cfg, 0.63, concentration=1.0) * train_share(cfg))
+        assert 3_000 < n_train < expected_pairs(cfg, 0.63, float("inf"))
+    else:
+        n_train = 2_303 - 241                                    # parsed HH pairs less the hash-held-out ones
+    assert margin_points(cfg, n_train) >= 10
+    assert all(r.learning_rate > 0 for r in planned_runs(cfg))
+
+
+def test_the_gsm8k_sweep_plan_and_its_rule():
+    from scalelab.dpo.sweep_plan import planned_runs
+    cfg = load_dpo_config(CONFIGS / "qwen2.5-coder-1.5b-gsm8k-h200.toml")
+    runs = [(r.name, r.learning_rate) for r in planned_runs(cfg)]
+    lr = cfg.train.learning_rate
+    assert runs == [("dpo-beta0.05", lr), ("dpo-beta0.1", lr), ("dpo-beta0.3", lr), ("ipo-beta1", lr),
+                    ("orpo-beta0.1", 8e-6)]
+    assert cfg.selection.losses == ["dpo"] and cfg.selection.tie_break == "larger_beta"
+    b = cfg.battery
+    assert b.mmlu_subset >= 2000 and b.mmlu_base_full and b.target_n == 1319
+    assert {"humaneval", "mbpp", "toolcall_schema", "toolcall_args", "ifeval_lite"} <= set(b.own_tasks)
+
+
+def test_plan_counts_by_hand():
+    from scalelab.dpo.sweep_plan import margin_points, mixed_share, planned_steps
+    cfg = load_dpo_config(None, ["train.max_steps=0", "train.num_epochs=2.0", "train.batch_size=8",
+                                 "train.grad_accum=4", "margins.every_steps=10"])
+    # 1,000 pairs: 125 micro-batches, 32 steps per epoch (the last one partial), 64 steps; margins at 0, 10..60, 64
+    assert planned_steps(cfg.train, 1000) == 64 and margin_points(cfg, 1000) == 8
+    assert mixed_share(0.5, 2, float("inf")) == pytest.approx(0.5)
+    # Beta(1, 1) = uniform accuracies: P(both of 2 right) = 1/3, P(both wrong) = 1/3
+    assert mixed_share(0.5, 2, 2.0) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="0 < accuracy < 1"):
+        mixed_share(1.0, 8, 2.0)
+
+
+def test_sweep_verb_without_beta_or_loss_runs_the_config_plan(tmp_path, monkeypatch):
+    from scalelab.dpo import run as dpo_run
+    seen = []
+    monkeypatch.setattr(dpo_run, "run_configs", lambda cfg, configs, name, skip: seen.append(
+        ([(c.run.name, c.train.learning_rate) for c in configs], skip)) or [])
+    assert main(["dpo", "sweep", "--set", "sweep.ipo_taus=[0.5]", "--set", "sweep.ipo_learning_rate=1e-5",
+                 "--set", f"run.out_dir='{tmp_path}'", "--skip-trained"]) == 0
+    assert seen[-1] == ([("dpo-beta0.05", 5e-5), ("dpo-beta0.1", 5e-5), ("dpo-beta0.3", 5e-5),
+                         ("ipo-beta0.5", 1e-5)], True)
+    assert main(["dpo", "sweep", "--loss", "orpo", "--set", f"run.out_dir='{tmp_path}'"]) == 0
+    assert [n for n, _ in seen[-1][0]] == ["orpo-beta0.05", "orpo-beta0.1", "orpo-beta0.3"]
+    assert main(["dpo", "sweep", "--only", "dpo-beta0.3,dpo-beta0.05", "--set", f"run.out_dir='{tmp_path}'"]) == 0
+    assert [n for n, _ in seen[-1][0]] == ["dpo-beta0.05", "dpo-beta0.3"]
+    assert main(["dpo", "sweep", "--only", "dpo-beta9", "--set", f"run.out_dir='{tmp_path}'"]) == 2

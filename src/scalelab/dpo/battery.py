@@ -1,11 +1,15 @@
 """The regression battery: the base model and base + adapter on the same held-out examples, one part at a time.
 
-    mmlu         lm-eval, 5-shot (Hendrycks et al. 2021), per-question correctness kept for a paired CI
+    mmlu         lm-eval, 5-shot (Hendrycks et al. 2021), per-question correctness kept for a paired CI; with
+                 battery.mmlu_base_full the base runs every item and a subset row pairs on its items
+                 (dpo.mmlu_pairing)
     truthfulqa   lm-eval MC1 (right / wrong) and MC2 (probability mass on the true answers) (Lin et al. 2022)
     own          greedy generation + each task's programmatic checker (tool-call schema, arguments, IFEval-lite);
                  all own tasks share generate calls (sorted by prompt length), as decoding steps dominate on CPU
-    target       the task the run was tuned for, on its held-out split
-    mtbench      two-turn answers judged 1-10 by an LLM (Zheng et al. 2023); "not measured" without a judge
+    target       the task the run was tuned for, on its held-out split; numeric tasks asked for a marked answer
+                 (GSM8K's \\boxed{}) also get the reference protocol's strict column, target_strict
+    mtbench      two-turn answers judged 1-10 by an LLM (Zheng et al. 2023); "not measured" without a judge, or
+                 with one that failed battery.judge_check (dpo.judge_check)
 
 Files (each part's record is written when the part finishes, so a rerun resumes at part granularity):
     <run parent>/battery-base/<model key>/<part>-<spec hash>.json   the base side, shared by every run of a
@@ -24,6 +28,7 @@ Events "battery_part" and "battery_end" go to the run's metrics.jsonl.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import time
@@ -40,9 +45,12 @@ from scalelab.core.rundir import RunDir
 from scalelab.dpo import battery_stats as stats
 from scalelab.dpo.config import DpoConfig
 from scalelab.dpo.generate import greedy_generate
+from scalelab.dpo.judge_check import judge_gate, read_check
+from scalelab.dpo.mmlu_pairing import pair_mmlu
 from scalelab.evals import mtbench
 from scalelab.evals.harness import result_dict, run_lm_eval
-from scalelab.evals.mmlu_subset import cached_subset
+from scalelab.evals.mathtasks import ASKED_MARKER, strict_correct
+from scalelab.evals.mmlu_subset import SUBSET_RECORD, cached_subset
 from scalelab.evals.tasks import get_task, shared_data_root
 
 BATTERY_VERSION = 1
@@ -90,7 +98,7 @@ def _generated_parts(cfg: DpoConfig, root: str) -> dict[str, Callable[[], list[P
     name, options = target_task(cfg)
     mtbench = {"data_dir": str(Path(root) / "mt_bench"), "limit": b.mtbench_limit,
                "max_new_tokens": b.mtbench_max_new_tokens, "batch_size": b.gen_batch_size,
-               "judge_url": b.judge_url, "judge_model": b.judge_model}
+               "judge_url": b.judge_url, "judge_model": b.judge_model, **judge_gate(b.judge_check)}
     own = [{"task": t, "options": {}} for t in b.own_tasks]
     return {"target": lambda: [Part("target", "generation", {**gen, "tasks": [{"task": name, "options": options}],
                                                             "split": b.target_split, "n": b.target_n})],
@@ -103,6 +111,15 @@ def plan(cfg: DpoConfig) -> list[Part]:
     root = str(data_root(cfg))
     makers = {**_lm_eval_parts(cfg, root), **_generated_parts(cfg, root)}
     return [p for name in cfg.battery.parts for p in makers[name]()]
+
+
+def base_config(cfg: DpoConfig) -> DpoConfig:
+    """The config of the base side: with battery.mmlu_base_full its MMLU runs on every item (measured once for
+    all rows of a sweep, and restricted to a subset row's items when compared), else the run's own."""
+    b = cfg.battery
+    if not (b.mmlu_base_full and b.mmlu_subset):
+        return cfg
+    return dataclasses.replace(cfg, battery=dataclasses.replace(b, mmlu_subset=0))
 
 
 def _sha(obj: Any, n: int = 16) -> str:
@@ -203,7 +220,9 @@ def measure_lm_eval(part: Part, side: Side) -> dict:
                         "values": {f"{k}/{x['doc_id']}": x["acc"] for k in sorted(names) for x in r.samples[k]}}
     tasks = {t.name: {"acc": t.metric("acc").value, "stderr": t.metric("acc").stderr, "n": t.n_examples,
                       "n_available": t.n_available, "num_fewshot": t.num_fewshot} for t in r.tasks}
-    return {"scores": scores, "lm_eval": tasks, "eval": result_dict(r)}
+    # the subset's row map travels with the record, so a full run can be restricted to it from the records alone
+    subset = {"subset": read_json(Path(data_dir) / "mmlu" / SUBSET_RECORD)} if s.get("mmlu_subset") else {}
+    return {"scores": scores, "lm_eval": tasks, "eval": result_dict(r), **subset}
 
 
 def generation_examples(part: Part) -> list[tuple[Any, Any]]:
@@ -218,8 +237,20 @@ def generation_examples(part: Part) -> list[tuple[Any, Any]]:
     return out
 
 
+STRICT_TASKS = ("gsm8k", "arithmetic")  # numeric gold answers, which mathtasks.strict_correct compares
+
+
+def strict_of(example: Any, completion: str) -> bool | None:
+    """The reference protocol's strict column (the answer only where the prompt asked for it: the last \\boxed{}
+    or the '####' line) for numeric tasks whose prompt asks for such a marker; None for every other example."""
+    if example.task not in STRICT_TASKS or example.meta.get("prompt_format") not in ASKED_MARKER:
+        return None
+    return strict_correct(example, completion)
+
+
 def measure_generation(part: Part, side: Side) -> dict:
-    """One greedy_generate over every example of the part; per example its score, length and limit flag."""
+    """One greedy_generate over every example of the part; per example its score (and the strict reading where
+    the prompt asked for an answer marker), length and limit flag."""
     s, pairs = part.spec, generation_examples(part)
     model, tokenizer = side.model()
     gens = greedy_generate(model, tokenizer, [ex.prompt for _, ex in pairs], s["max_new_tokens"], s["batch_size"])
@@ -227,13 +258,17 @@ def measure_generation(part: Part, side: Side) -> dict:
     for (task, ex), g in zip(pairs, gens):
         sc = task.score(ex, g.text)
         rows.append({"task": task.name, "id": ex.id, "correct": bool(sc.correct), "partial": sc.partial,
-                     "n_tokens": g.n_tokens, "hit_limit": g.hit_limit, "completion": g.text, "reason": sc.reason})
+                     "strict": strict_of(ex, g.text), "n_tokens": g.n_tokens, "hit_limit": g.hit_limit,
+                     "completion": g.text, "reason": sc.reason})
     scores = {}
     for t in s["tasks"]:
         mine = [r for r in rows if r["task"] == t["task"]]
-        scores["target" if part.name == "target" else t["task"]] = {
-            "metric": "correct", "binary": True, "task": t["task"], "split": s["split"],
-            "values": {r["id"]: float(r["correct"]) for r in mine}}
+        name = "target" if part.name == "target" else t["task"]
+        scores[name] = {"metric": "correct", "binary": True, "task": t["task"], "split": s["split"],
+                        "values": {r["id"]: float(r["correct"]) for r in mine}}
+        if part.name == "target" and mine and all(r["strict"] is not None for r in mine):
+            scores["target_strict"] = {"metric": "strict", "binary": True, "task": t["task"], "split": s["split"],
+                                       "values": {r["id"]: float(r["strict"]) for r in mine}}
     return {"examples": rows, "scores": scores}
 
 
@@ -253,6 +288,11 @@ def recording_generate(side: Side, max_new_tokens: int, batch_size: int, log: Pa
 
 def measure_mtbench(part: Part, side: Side) -> dict:
     s, b = part.spec, side.cfg.battery
+    if s.get("judge_check"):
+        check = read_check(s["judge_check"])
+        if not check["capable"]:  # the judge could not tell GPT-4's answers from the base's: nothing to judge
+            r = mtbench.not_measured(f"{check['status']}: {check['reason']}", s["judge_model"], {})
+            return {"result": mtbench.result_dict(r), "lengths": [], "files": ""}
     out = side.folder / f"{side.part_path(part).stem}-files"
     out.mkdir(parents=True, exist_ok=True)
     log = out / "lengths.jsonl"
@@ -311,9 +351,9 @@ def run_battery(cfg: DpoConfig, run_dir: str | Path, side: str = "both") -> dict
     if side not in SIDES:
         raise ValueError(f"battery side {side!r}; allowed: {', '.join(SIDES)}")
     run_dir = Path(run_dir)
-    parts, rd = plan(cfg), RunDir(run_dir)
+    plans, rd = {"base": plan(base_config(cfg)), "tuned": plan(cfg)}, RunDir(run_dir)
     requests = request_cache_dir(cfg, run_dir)
-    sides = {"base": Side("base", base_cache_dir(cfg, run_dir), cfg, request_cache=requests)}
+    sides = {"base": Side("base", base_cache_dir(cfg, run_dir), base_config(cfg), request_cache=requests)}
     if side != "base":
         adapter = run_dir / "adapter"
         sides["tuned"] = Side("tuned", run_dir / "battery" / "tuned", cfg, adapter, adapter_sha256(adapter),
@@ -321,7 +361,8 @@ def run_battery(cfg: DpoConfig, run_dir: str | Path, side: str = "both") -> dict
     if side == "tuned":
         del sides["base"]
     t0 = time.perf_counter()
-    rd.log_event("battery_start", parts=[p.name for p in parts], base_cache=str(base_cache_dir(cfg, run_dir)),
+    rd.log_event("battery_start", parts=[p.name for p in plans["tuned"]],
+                 base_cache=str(base_cache_dir(cfg, run_dir)),
                  request_cache=None if requests is None else str(requests), side=side)
     records = {}
     # tuned first: when a base-only process runs beside this one, its records are likely ready by the time
@@ -329,34 +370,59 @@ def run_battery(cfg: DpoConfig, run_dir: str | Path, side: str = "both") -> dict
     for s in sorted(sides.values(), key=lambda s: s.name != "tuned"):
         s.folder.mkdir(parents=True, exist_ok=True)
         # lm-eval parts first: our generation model is loaded only after them, never beside lm-eval's copy
-        for part in sorted(parts, key=lambda p: p.kind != "lm_eval"):
+        for part in sorted(plans[s.name], key=lambda p: p.kind != "lm_eval"):
             records[(s.name, part.name)] = run_part(part, s, rd)
         s.release()
     if side != "both":
         rd.log_event("battery_side_end", side=side, wall_s=time.perf_counter() - t0)
         return None
-    battery = summarize(cfg, run_dir, parts, records, sides)
+    battery = summarize(cfg, run_dir, plans, records, sides)
     write_json(run_dir / "battery" / "battery.json", battery)
     rd.log_event("battery_end", verdict=battery["evidence"]["verdict"], wall_s=time.perf_counter() - t0)
     return battery
 
 
-def summarize(cfg: DpoConfig, run_dir: Path, parts: list[Part], records: dict, sides: dict[str, Side]) -> dict:
-    """battery.json from the part records of both sides."""
-    b = cfg.battery
+def subset_of(cfg: DpoConfig, record: dict) -> dict | None:
+    """The subset record (evals.mmlu_subset) of an MMLU part record that ran a subset, else None."""
+    n = (record.get("spec") or {}).get("mmlu_subset")
+    if not n:
+        return None
+    if "subset" in record:
+        return record["subset"]
+    # a record measured before the row map was kept: the subset is a function of the data, so rebuild it
+    folder = cached_subset(record["spec"]["data_dir"], n, cache_root(cfg.model.cache_dir or None))
+    return read_json(folder / "mmlu" / SUBSET_RECORD)
+
+
+def paired_values(cfg: DpoConfig, part: Part, row: str, base: dict, tuned: dict) -> tuple[dict, dict, dict]:
+    """(base values, tuned values, extra row fields) on the examples both sides are compared on."""
+    bv, tv = base["scores"][row]["values"], tuned["scores"][row]["values"]
+    if part.name != "mmlu":
+        return bv, tv, {}
+    p = pair_mmlu(bv, tv, subset_of(cfg, base), subset_of(cfg, tuned))
+    return p.base, p.tuned, p.row_fields()
+
+
+def summarize(cfg: DpoConfig, run_dir: Path, plans: dict[str, list[Part]], records: dict,
+              sides: dict[str, Side]) -> dict:
+    """battery.json from the part records of both sides (plans: side -> its parts, same names on both)."""
+    b, parts = cfg.battery, plans["tuned"]
     comparisons: dict[str, dict] = {}
     for part in parts:
         base, tuned = records[("base", part.name)], records[("tuned", part.name)]
         for row, sc in base.get("scores", {}).items():
-            comparisons[row] = {**stats.comparison_row(row, part.name, sc["metric"], sc["values"],
-                                                       tuned["scores"][row]["values"], sc["binary"],
+            if row not in tuned.get("scores", {}):  # a row added since the other side's record was measured
+                continue
+            bv, tv, extra = paired_values(cfg, part, row, base, tuned)
+            comparisons[row] = {**stats.comparison_row(row, part.name, sc["metric"], bv, tv, sc["binary"],
                                                        b.bootstrap_resamples, b.seed),
-                                **{k: sc[k] for k in ("task", "split") if k in sc}}
+                                **{k: sc[k] for k in ("task", "split") if k in sc}, **extra}
     mt = mtbench_block(records.get(("base", "mtbench")), records.get(("tuned", "mtbench")))
+    by_name = {s: {p.name: p for p in plans[s]} for s in sides}
     out = {"version": BATTERY_VERSION, "run": run_dir.name, "base_model": cfg.model.name,
            "adapter_sha256": sides["tuned"].adapter_sha256, "base_cache": str(sides["base"].folder),
            "config": to_dict(b), "target": dict(zip(("task", "options"), target_task(cfg))),
-           "parts": {p.name: {s: str(sides[s].part_path(p)) for s in sides} for p in parts},
+           "parts": {p.name: {s: str(sides[s].part_path(by_name[s][p.name])) for s in sides} for p in parts},
            "wall_s": {p.name: {s: records[(s, p.name)].get("wall_s") for s in sides} for p in parts},
            "comparisons": comparisons, "mtbench": mt, "mtbench_max_drop": b.mtbench_max_drop,
            "lengths": lengths_from_records(parts, records, mt["status"] == stats.MEASURED)}

@@ -1,4 +1,4 @@
-"""`scalelab dpo <verb>`: train, sweep, battery, report, docs, data, merge, config."""
+"""`scalelab dpo <verb>`: train, sweep, select, battery, judge-check, report, docs, data, merge, config."""
 from __future__ import annotations
 
 import argparse
@@ -40,12 +40,24 @@ def register(parser: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.set_defaults(func=_train)
 
-    p = verbs.add_parser("sweep", help="one run per (loss, beta) into <out_dir>/<name>/, one shared preference set")
+    p = verbs.add_parser("sweep", help="one run per (loss, beta) into <out_dir>/<name>/, one shared preference set; "
+                                       "without --beta and --loss, the runs of the config's [sweep] table")
     _config_args(p)
-    p.add_argument("--beta", type=_floats, default=[0.05, 0.1, 0.3], help="comma-separated betas")
-    p.add_argument("--loss", type=_losses, default=None, help="comma-separated losses (default: train.loss)")
+    p.add_argument("--beta", type=_floats, default=None, help="comma-separated betas (default 0.05,0.1,0.3 when "
+                                                              "--loss is given)")
+    p.add_argument("--loss", type=_losses, default=None, help="comma-separated losses (default: train.loss when "
+                                                              "--beta is given)")
     p.add_argument("--name", default="sweep", help="sweep folder name under run.out_dir")
+    p.add_argument("--skip-trained", action="store_true",
+                   help="leave runs that already finished (results.json and adapter) as they are")
+    p.add_argument("--only", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
+                   help="comma-separated run names of the sweep to run now, e.g. dpo-beta0.1,ipo-beta1")
     p.set_defaults(func=_sweep)
+
+    p = verbs.add_parser("select", help="the run a sweep chooses by its [selection] rule -> <sweep>/selection.json")
+    p.add_argument("path", help="a sweep folder")
+    p.add_argument("--name-only", action="store_true", help="print only the chosen run's folder name (scripts)")
+    p.set_defaults(func=_select)
 
     p = verbs.add_parser("battery", help="base vs base+adapter on MMLU, TruthfulQA, own tasks, the target task "
                                          "and MT-Bench -> <run>/battery/battery.json + REPORT.md")
@@ -59,6 +71,17 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "tuned: only base + adapter; both (default): both, then battery.json and REPORT.md. "
                         "Processes over one sweep may run at once (one per GPU): a shared record is measured once")
     p.set_defaults(func=_battery)
+
+    p = verbs.add_parser("judge-check", help="can the judge rate GPT-4's MT-Bench reference answers above the base "
+                                             "model's? -> <out>/judge_check.json (battery.judge_check reads it)")
+    _config_args(p)
+    p.add_argument("--judge-url", required=True, help="OpenAI-compatible base URL of the judge")
+    p.add_argument("--judge-model", required=True, help="the judge's served model name")
+    p.add_argument("--answer-url", default="", help="server of the base model's answers (default: the judge's)")
+    p.add_argument("--answer-model", default="", help="its served name (default: the judge's, for a judge that "
+                                                      "is the base model itself)")
+    p.add_argument("--out", required=True, help="folder for the answers, ratings and judge_check.json")
+    p.set_defaults(func=_judge_check)
 
     p = verbs.add_parser("report", help="REPORT.md (+ figures) of a run or sweep folder, from its files alone")
     p.add_argument("path", help="a run folder or a sweep folder")
@@ -97,12 +120,53 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from scalelab.dpo.run import run_sweep
+    from scalelab.dpo.run import planned_configs, run_configs, sweep_configs
     cfg = load_dpo_config(args.config, args.set)
-    rows = run_sweep(cfg, args.beta, args.loss or [cfg.train.loss], args.name)
+    if args.beta is None and args.loss is None:
+        configs = planned_configs(cfg, args.name)
+    else:
+        configs = sweep_configs(cfg, args.beta or [0.05, 0.1, 0.3], args.loss or [cfg.train.loss], args.name)
+    if args.only is not None:
+        names = [c.run.name for c in configs]
+        unknown = [n for n in args.only if n not in names]
+        if unknown:
+            print(f"scalelab: --only {unknown[0]!r}: not a run of this sweep; its runs: {', '.join(names)}",
+                  file=sys.stderr)
+            return 2
+        configs = [c for c in configs if c.run.name in args.only]
+    rows = run_configs(cfg, configs, args.name, args.skip_trained)
     for r in rows:
         print(f"{r['run']:18s} loss {r['loss_first']} -> {r['loss_last']}  "
               f"held-out acc {r['heldout_reward_accuracy_last']}")
+    return 0
+
+
+def _select(args: argparse.Namespace) -> int:
+    from scalelab.dpo.selection import select_runs, write_selection
+    from scalelab.dpo.sweep_report import find_runs, load_run
+    sel = select_runs([load_run(p) for p in find_runs(Path(args.path))])
+    where = write_selection(Path(args.path), sel)
+    if args.name_only:
+        if sel.chosen is None:
+            print(f"scalelab: {sel.reason}", file=sys.stderr)
+            return 1
+        print(sel.chosen.run)
+        return 0
+    print(f"rule: {sel.rule}\nchosen: {sel.chosen.run if sel.chosen else 'none'} ({sel.reason})\n{where}")
+    return 0
+
+
+def _judge_check(args: argparse.Namespace) -> int:
+    from scalelab.dpo.battery import data_root
+    from scalelab.dpo.judge_check import run_judge_check
+    from scalelab.evals.judge import JudgeConfig
+    cfg = load_dpo_config(args.config, args.set)
+    b = cfg.battery
+    judge = JudgeConfig(url=args.judge_url, model=args.judge_model, api_key_env=b.judge_api_key_env)
+    answerer = JudgeConfig(url=args.answer_url or args.judge_url, model=args.answer_model or args.judge_model,
+                           api_key_env=b.judge_api_key_env, max_tokens=b.mtbench_max_new_tokens)
+    check = run_judge_check(judge, answerer, data_root(cfg) / "mt_bench", args.out, b.bootstrap_resamples, b.seed)
+    print(f"judge {args.judge_model}: {check['status']}: {check['reason']}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The preference-tuning job's typed config: model, data, verifier sampling, LoRA, training, margins, hub, battery, run.
+"""The preference-tuning job's typed config: model, data, verifier sampling, LoRA, training, margins, hub, battery,
+the sweep's runs, the rule that chooses among them, run.
 
 Defaults describe the tiny CPU demo; `configs/dpo/*.toml` hold the named experiments.
 """
@@ -156,6 +157,10 @@ class BatteryConfig:
     mmlu_limit: int = param(0, "MMLU questions per subject (lm-eval limits each of the 57); 0 = all 14,042", ge=0)
     mmlu_subset: int = param(0, "N > 0: the fixed stratified subset of N MMLU test items (evals.mmlu_subset: the "
                                 "same items for every run, by a hash of each item); 0 = mmlu_limit decides", ge=0)
+    mmlu_base_full: bool = param(False, "with mmlu_subset: the base side runs all 14,042 items (once per sweep), "
+                                        "and each subset row pairs on the subset's items of it "
+                                        "(dpo.mmlu_pairing), so a run measured in full later compares with the "
+                                        "same base record; without mmlu_subset it changes nothing")
     mmlu_fewshot: int = param(5, "MMLU exemplars per prompt: 5 is the reported setting (Hendrycks et al. 2021); "
                                  "0 makes prompts ~6x shorter, for CPU demos", ge=0)
     truthfulqa_limit: int = param(0, "TruthfulQA questions, MC1 and MC2 each; 0 = all", ge=0)
@@ -175,6 +180,9 @@ class BatteryConfig:
     gen_batch_size: int = param(16, "prompts per generate call (left-padded, sorted by length)", ge=1)
     judge_url: str = param("", "OpenAI-compatible base URL of the MT-Bench judge; '' = MT-Bench not measured")
     judge_model: str = param("", "judge model name; '' = MT-Bench not measured")
+    judge_check: str = param("", "a judge_check.json (scalelab dpo judge-check); when set and it found the judge "
+                                 "unable to rate GPT-4's reference answers above the base's, MT-Bench is 'not "
+                                 "measured: judge too weak' and nothing is generated")
     judge_api_key_env: str = param("OPENAI_API_KEY", "environment variable holding the judge's key (read there only)")
     mtbench_max_drop: float = param(0.5, "evidence row: largest allowed drop of the mean MT-Bench score (1-10)", ge=0.0)
     dtype: Literal["", "auto", "float32", "bfloat16"] = param("", "'' = model.dtype")
@@ -196,6 +204,46 @@ class BatteryConfig:
 
 
 @dataclass
+class SweepConfig:
+    dpo_betas: list[float] = param([0.05, 0.1, 0.3], "DPO runs of `dpo sweep` (without --beta/--loss): one per beta")
+    ipo_taus: list[float] = param([], "IPO runs: one per tau (train.beta carries it; TRL divides IPO's log-ratios "
+                                      "by the response length, so its target margin 1/(2 tau) is per token)")
+    orpo_lambdas: list[float] = param([], "ORPO runs: one per odds-ratio weight lambda (train.beta carries it)")
+    ipo_learning_rate: float = param(0.0, "the IPO runs' lr; 0 = train.learning_rate", ge=0.0)
+    orpo_learning_rate: float = param(0.0, "the ORPO runs' lr; 0 = train.learning_rate (ORPO has no reference "
+                                           "and an SFT term, so its papers train at their own lr)", ge=0.0)
+
+    def validate(self) -> None:
+        for name in ("dpo_betas", "ipo_taus", "orpo_lambdas"):
+            values = getattr(self, name)
+            if any(not isinstance(v, (int, float)) or v <= 0 for v in values) or len(set(values)) != len(values):
+                raise ConfigError(f"config field 'sweep.{name}': got {values!r}; expected distinct numbers > 0")
+        if not (self.dpo_betas or self.ipo_taus or self.orpo_lambdas):
+            raise ConfigError("config fields 'sweep.dpo_betas', 'sweep.ipo_taus', 'sweep.orpo_lambdas': all empty")
+
+
+@dataclass
+class SelectionConfig:
+    losses: list[str] = param(["dpo"], "runs the rule chooses among (by train.loss); the others are reported beside")
+    tie_tolerance: float = param(0.02, "runs whose final held-out reward accuracy is within this of the best are "
+                                       "tied", ge=0.0, le=1.0)
+    tie_break: Literal["larger_beta", "smaller_beta"] = param(
+        "larger_beta", "which tied run is chosen: larger_beta = the strongest pull toward the reference")
+    plateau_window: float = param(0.25, "share of the last steps over which a curve must have stopped moving",
+                                  gt=0.0, le=1.0)
+    plateau_accuracy_tol: float = param(0.02, "held-out reward accuracy: at most this change over the window",
+                                        ge=0.0)
+    plateau_margin_rel_tol: float = param(0.1, "held-out margin mean: at most this relative change over the window",
+                                          ge=0.0)
+
+    def validate(self) -> None:
+        bad = [x for x in self.losses if x not in ("dpo", "ipo", "orpo")]
+        if bad or not self.losses:
+            raise ConfigError(f"config field 'selection.losses': got {self.losses!r}; allowed: 'dpo', 'ipo', "
+                              "'orpo', at least one")
+
+
+@dataclass
 class DpoConfig:
     model: ModelConfig = section(ModelConfig)
     data: DataConfig = section(DataConfig)
@@ -205,6 +253,8 @@ class DpoConfig:
     margins: MarginsConfig = section(MarginsConfig)
     hub: HubConfig = section(HubConfig)
     battery: BatteryConfig = section(BatteryConfig)
+    sweep: SweepConfig = section(SweepConfig)
+    selection: SelectionConfig = section(SelectionConfig)
     run: RunConfig = section(RunConfig)
 
     @property

@@ -30,6 +30,7 @@ from scalelab.dpo.predict import ModelShape, predict, write_predictions
 from scalelab.dpo.report import write_run_report
 from scalelab.dpo.runfiles import results_from_run, this_training
 from scalelab.dpo.samplers import HFSampler, Sampler, server_sampler
+from scalelab.dpo.sweep_plan import PlannedRun, planned_runs
 from scalelab.dpo.verifier_pairs import build_verifier_set, manifest_key, manifest_path, reusable, write_verifier_set
 from scalelab.evals.tasks import get_task
 
@@ -235,33 +236,56 @@ def format_results(r: dict) -> str:
 # sweeps: one run per (loss, beta), sharing one preference set
 
 
+def _sweep_config(cfg: DpoConfig, planned: PlannedRun, sweep_name: str) -> DpoConfig:
+    root = Path(cfg.run.out_dir) / sweep_name
+    d = copy.deepcopy(to_dict(cfg))
+    d["train"] |= {"loss": planned.loss, "beta": planned.beta, "learning_rate": planned.learning_rate}
+    d["run"] |= {"out_dir": str(root), "name": planned.name}
+    if cfg.data.source == "verifier" and not cfg.data.path:
+        d["data"]["path"] = str(root / "preferences.jsonl")
+    return config_from_dict(DpoConfig, d, origin=f"sweep {sweep_name}")
+
+
 def sweep_configs(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_name: str) -> list[DpoConfig]:
     """Configs of a sweep under <out_dir>/<sweep_name>/<loss>-beta<beta>; a verifier set is built once."""
-    root = Path(cfg.run.out_dir) / sweep_name
-    out = []
-    for loss in losses:
-        for beta in betas:
-            d = copy.deepcopy(to_dict(cfg))
-            d["train"] |= {"loss": loss, "beta": beta}
-            d["run"] |= {"out_dir": str(root), "name": f"{loss}-beta{beta:g}"}
-            if cfg.data.source == "verifier" and not cfg.data.path:
-                d["data"]["path"] = str(root / "preferences.jsonl")
-            out.append(config_from_dict(DpoConfig, d, origin=f"sweep {sweep_name}"))
-    return out
+    return [_sweep_config(cfg, PlannedRun(loss, beta, cfg.train.learning_rate), sweep_name)
+            for loss in losses for beta in betas]
 
 
-def run_sweep(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_name: str) -> list[dict]:
+def planned_configs(cfg: DpoConfig, sweep_name: str) -> list[DpoConfig]:
+    """The configs of cfg's [sweep] table (dpo.sweep_plan): each loss at its own parameters and lr."""
+    return [_sweep_config(cfg, planned, sweep_name) for planned in planned_runs(cfg)]
+
+
+def trained(run_dir: Path) -> bool:
+    """A run whose training ended and whose results were written."""
+    return (run_dir / "results.json").is_file() and (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def run_sweep(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_name: str,
+              skip_trained: bool = False) -> list[dict]:
+    """One run per (loss, beta) of the lists, in turn (run_configs)."""
+    return run_configs(cfg, sweep_configs(cfg, betas, losses, sweep_name), sweep_name, skip_trained)
+
+
+def run_configs(cfg: DpoConfig, configs: list[DpoConfig], sweep_name: str, skip_trained: bool = False) -> list[dict]:
     """Run every config of the sweep in turn; <sweep>/sweep.json keeps one summary row per run, so a later
-    invocation into the same folder (say IPO and ORPO after the DPO betas) adds its rows beside the earlier ones."""
-    index = Path(cfg.run.out_dir) / sweep_name / "sweep.json"
+    invocation into the same folder (say IPO and ORPO after the DPO betas) adds its rows beside the earlier ones.
+    skip_trained: a run that already finished (results.json and adapter) keeps its results and is not retrained.
+    Then the sweep's REPORT.md and selection.json (dpo.sweep_report: the run the [selection] rule chooses)."""
+    sweep = Path(cfg.run.out_dir) / sweep_name
+    index = sweep / "sweep.json"
     earlier = read_json(index)["runs"] if index.is_file() else []
     rows = []
-    for c in sweep_configs(cfg, betas, losses, sweep_name):
-        r = run_dpo(c)
+    for c in configs:
+        done = skip_trained and trained(c.run_dir)
+        r = read_json(c.run_dir / "results.json") if done else run_dpo(c)
+        if done:
+            print(f"{c.run.name}: trained, skipped")
         rows.append({"run": c.run.name, "loss": c.train.loss, "beta": c.train.beta,
                      "provenance": folder_provenance(c.run_dir),
                      **{k: v for k, v in r.items() if k != "predictions"}})
         names = {row["run"] for row in rows}
         write_json(index, {"runs": [row for row in earlier if row["run"] not in names] + rows})
-    print(f"sweep report: {sweep_report.write_sweep_report(Path(cfg.run.out_dir) / sweep_name)}")
+    print(f"sweep report: {sweep_report.write_sweep_report(sweep)}")
     return rows

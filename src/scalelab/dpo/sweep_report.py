@@ -1,12 +1,14 @@
-"""A sweep's REPORT.md: the β ablation (DPO, IPO and ORPO in one table), the evidence bar per run, and the
-choice of β, from the sweep folder alone.
+"""A sweep's REPORT.md: the β ablation (DPO, IPO and ORPO in one table), the run chosen by the rule the config's
+[selection] table fixed before the runs (dpo.selection), the evidence bar per run, from the sweep folder alone.
 
-The rule: among runs that pass the MMLU criterion (drop <= 2 points) and the length criterion (<= 1.3x),
-choose the largest target gain (ties: the larger CI lower bound). A gain whose CI still includes 0 is
-chosen but said to be unproven; with no eligible run nothing is chosen.
+Beside the chosen run the report names the best battery row after the fact: among runs that pass the MMLU
+criterion (drop <= 2 points) and the length criterion (<= 1.3x), the largest target gain (ties: the larger CI
+lower bound); a gain whose CI still includes 0 is said to be unproven; with no eligible run nothing is named.
+Picked on the test examples it reports, its gain is optimistic, which is why the choice itself is made before.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -15,6 +17,7 @@ from scalelab.core.config import read_toml
 from scalelab.dpo import battery_stats as stats
 from scalelab.dpo.evidence import PASS, render_evidence_table, verdict_text
 from scalelab.dpo.runfiles import RunFiles, fmt, is_run_dir, load_run, pts, table
+from scalelab.dpo.selection import Candidate, select_runs, write_selection
 
 LOSS_ORDER = ("dpo", "ipo", "orpo")
 
@@ -102,6 +105,29 @@ ABLATION_HEADER = ["run", "loss", "β", "final loss", "held-out reward acc", "ma
                    "target CI", "MMLU Δ (pts)", "length ratio", "evidence"]
 
 
+def _yes_no(flag: bool | None) -> str:
+    return "-" if flag is None else ("yes" if flag else "no")
+
+
+def selection_lines(runs: Sequence[RunFiles]) -> list[str]:
+    """The pre-registered rule, the run it chose and every candidate's held-out numbers."""
+    lines = ["## Chosen run (rule fixed in [selection] before the runs)", ""]
+    try:
+        sel = select_runs(runs)
+    except ValueError as e:
+        return lines + [f"The rule could not be applied: {e}.", ""]
+    lines += [f"Rule: {sel.rule}.", ""]
+    c = sel.chosen
+    lines += [f"**{c.loss} β={c.beta:g}** (`{c.run}`): {sel.reason}." if c else sel.reason + ".", ""]
+
+    def cells(c: Candidate) -> list[str]:
+        return [c.run, c.loss, f"{c.beta:g}", "yes" if c.trained else "no", fmt(c.accuracy), fmt(c.margin),
+                str(c.n_points), _yes_no(c.accuracy_plateaued), _yes_no(c.margin_plateaued)]
+    header = ["run", "loss", "β", "trained", "held-out reward acc", "margin mean", "margin points",
+              "accuracy plateaued", "margin plateaued"]
+    return lines + table(header, [cells(c) for c in sel.candidates]) + [""]
+
+
 def render_sweep(sweep_dir: Path, runs: Sequence[RunFiles]) -> str:
     rows = [sweep_row(r) for r in runs]
     choice = choose(rows)
@@ -113,8 +139,10 @@ def render_sweep(sweep_dir: Path, runs: Sequence[RunFiles]) -> str:
              "weight λ (Hong et al. 2024). Final loss is not comparable across losses; margins and reward accuracy "
              "are on the same held-out pairs.", ""]
     lines += table(ABLATION_HEADER, [ablation_cells(r) for r in rows]) + [""]
-    lines += ["## Chosen β", "",
-              "Rule: the best target gain among runs that pass the MMLU and length criteria.", "",
+    lines += selection_lines(runs)
+    lines += ["## Best battery row (after the fact)", "",
+              "The best target gain among runs that pass the MMLU and length criteria. It is picked on the test "
+              "examples it reports, so its gain is optimistic; the choice above was fixed before the battery.", "",
               f"**{choice.row.label}** (`{choice.row.run}`): {choice.reason}" if choice.row else choice.reason, ""]
     if with_battery:
         lines += ["## Evidence bar per run", "", render_evidence_table(with_battery).rstrip("\n"), ""]
@@ -123,9 +151,12 @@ def render_sweep(sweep_dir: Path, runs: Sequence[RunFiles]) -> str:
 
 
 def write_sweep_report(sweep_dir: str | Path) -> Path:
-    """<sweep>/REPORT.md from its runs' files (dpo.report.report also rewrites each run's REPORT.md first)."""
+    """<sweep>/REPORT.md from its runs' files (dpo.report.report also rewrites each run's REPORT.md first), and
+    <sweep>/selection.json with the run the [selection] rule chooses (left out when the runs' rules differ)."""
     sweep = Path(sweep_dir)
-    paths = find_runs(sweep)
+    runs = [load_run(p) for p in find_runs(sweep)]
     out = sweep / "REPORT.md"
-    out.write_text(render_sweep(sweep, [load_run(p) for p in paths]))
+    out.write_text(render_sweep(sweep, runs))
+    with contextlib.suppress(ValueError):  # REPORT.md says why the rule could not be applied
+        write_selection(sweep, select_runs(runs))
     return out

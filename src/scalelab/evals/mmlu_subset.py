@@ -86,9 +86,19 @@ def write_subset(mmlu_folder: str | Path, out: str | Path, n: int) -> Path:
     return out
 
 
+def full_keys(record: Mapping) -> list[str]:
+    """The full-MMLU keys ("mmlu_<subject>/<row in the full file>") of the subset's items, in subset order."""
+    return [f"mmlu_{s}/{i}" for s, idx in record["full_index"].items() for i in idx]
+
+
 def restrict(full_values: Mapping[str, float], record: Mapping) -> dict[str, float]:
     """A full-MMLU record's per-item values ("mmlu_<subject>/<doc_id>", doc_id = row in the full file) restricted
-    to the subset and keyed as a subset run keys them (doc_id = row in the subset file)."""
+    to the subset and keyed as a subset run keys them (doc_id = row in the subset file). Values that lack one of
+    the subset's items (a run with a per-subject limit, another data folder) are refused, naming the items."""
+    missing = [k for k in full_keys(record) if k not in full_values]
+    if missing:
+        raise ValueError(f"MMLU values lack {len(missing)} of the subset's {len(full_keys(record))} items "
+                         f"(e.g. {', '.join(missing[:3])}): they are not a full run over the subset's source")
     return {f"mmlu_{s}/{j}": full_values[f"mmlu_{s}/{i}"]
             for s, idx in record["full_index"].items() for j, i in enumerate(idx)}
 

@@ -43,7 +43,6 @@ ENGINE_CLASSES: dict[str, type[RolloutEngine]] = {
     "hf": HFGenerateEngine, "vllm_server": VLLMServerEngine, "vllm_colocated": VLLMColocatedEngine}
 
 
-
 def build_colocated(ctx: EngineContext) -> RolloutEngine:
     """rollout.server.engines colocated engines: one, or K behind one interface."""
     return build_vllm_multi(ctx) if ctx.rollout.server.engines > 1 else build_vllm_colocated(ctx)

@@ -1,0 +1,160 @@
+"""The serving and bookkeeping half of bench/gpu_dpo_real.sh.
+
+    python3 bench/gpu_dpo_real.py serve MODEL --served NAME --log LOG [--port P] [--gpu-memory-utilization F]
+        [--max-model-len N] [--ready-timeout S] -- COMMAND ...
+        start a vLLM OpenAI server of MODEL (a registry name, HF folder or hub id; the registry's GGUF is
+        dequantized once into the cache) under the served name NAME, wait until /health answers, run COMMAND
+        with SERVER_URL set to the server's base URL, stop the server (its whole process group) whatever the
+        command did, and exit with the command's status. vLLM's own sampling defaults are used, not the folder's
+        generation_config.json (Qwen's ship top_k 20 and repetition_penalty 1.05, which would change the
+        distribution the verifier set is sampled from and make the judge's replies non-greedy).
+
+    python3 bench/gpu_dpo_real.py plan CONFIG
+        the run folder names of CONFIG's [sweep] table (dpo.sweep_plan), one per line: what "every run has
+        trained" means before the battery starts.
+
+    python3 bench/gpu_dpo_real.py status RUNS
+        one line per part (pairs, each sweep run, the choice, the judge check, the HH run) from the files alone,
+        also written to RUNS/status.json: what a cut-off window finished and what the next one will do.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from scalelab.core.engines import EngineSpec, RunningServer  # noqa: E402
+
+SWEEP, HH = "gsm8k", "hh"      # folder names under RUNS, as the shell script lays them out
+
+# ---------------------------------------------------------------------------------------------
+# serve
+
+
+def server_spec(model_dir: str, served: str, port: int, gpu_memory_utilization: float, max_model_len: int,
+                python: str = sys.executable, launcher: tuple[str, ...] = ()) -> EngineSpec:
+    """The vLLM server of one model under one served name, greedy-able and seeded."""
+    flags = {"served-model-name": served, "gpu-memory-utilization": gpu_memory_utilization,
+             "generation-config": "vllm", "seed": 0}
+    env = {"VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", "/tmp/vllm-cache")}
+    return EngineSpec("vllm", model_dir, port=port, dtype="bfloat16", max_model_len=max_model_len, python=python,
+                      extra_flags=flags, env=env, launcher=launcher)
+
+
+def model_dir(model: str) -> str:
+    """A local HF folder for MODEL (core.models: the cached GGUF conversion of a registry name)."""
+    from scalelab.core.hfmodel import materialize  # lazy: only `serve` needs the model registry
+    return materialize(model)
+
+
+def serve(spec: EngineSpec, log: Path, command: list[str], ready_timeout_s: float) -> int:
+    """Run `command` while the server of `spec` answers; the server is stopped before returning."""
+    if not command:
+        raise SystemExit("serve: no command after '--'")
+    with RunningServer(spec, log, ready_timeout_s=ready_timeout_s) as server:
+        print(f"serve: {spec.extra_flags['served-model-name']} ready at {server.url}", flush=True)
+        return subprocess.run(command, env={**os.environ, "SERVER_URL": server.url}).returncode
+
+def plan_names(config: Path) -> list[str]:
+    from scalelab.dpo.config import load_dpo_config  # lazy: only `plan` reads a config
+    from scalelab.dpo.sweep_plan import planned_runs
+    return [r.name for r in planned_runs(load_dpo_config(config))]
+
+# ---------------------------------------------------------------------------------------------
+# status
+
+
+@dataclass(frozen=True)
+class PartStatus:
+    part: str
+    done: bool
+    detail: str
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _run_status(run: Path) -> PartStatus:
+    results, battery = _json(run / "results.json"), _json(run / "battery" / "battery.json")
+    trained = results is not None and (run / "adapter" / "adapter_model.safetensors").is_file()
+    if results is None:
+        return PartStatus(f"run {run.name}", False, "not trained")
+    acc = results.get("heldout_reward_accuracy_last")
+    detail = f"{results.get('steps')} steps, held-out reward acc {acc if acc is None else round(acc, 3)}"
+    if not trained:
+        detail += ", adapter absent (retrained when needed)"
+    if battery:
+        mmlu = battery.get("comparisons", {}).get("mmlu", {})
+        detail += f", battery {battery['evidence']['verdict']} (MMLU n {mmlu.get('n', '-')})"
+    return PartStatus(f"run {run.name}", trained and battery is not None, detail)
+
+
+def status(runs: Path) -> list[PartStatus]:
+    sweep = runs / SWEEP
+    manifest = _json(sweep / "preferences.manifest.json")
+    m = (manifest or {}).get("summary", {})
+    out = [PartStatus("pairs", manifest is not None, "not built" if manifest is None else
+                      f"{m.get('n_pairs')} pairs of {m.get('n_prompts')} questions (per-sample accuracy "
+                      f"{m.get('sample_accuracy', float('nan')):.3f}; {m.get('prompts_all_correct')} all right, "
+                      f"{m.get('prompts_all_wrong')} all wrong)")]
+    out += [_run_status(r) for r in sorted(sweep.iterdir()) if (r / "config.toml").is_file()] \
+        if sweep.is_dir() else []
+    chosen = (_json(sweep / "selection.json") or {}).get("chosen")
+    out.append(PartStatus("selection", chosen is not None, chosen["run"] if chosen else "no run chosen yet"))
+    check = _json(sweep / "judge-check" / "judge_check.json")
+    out.append(PartStatus("judge", check is not None, f"{check['status']}: {check['reason']}" if check
+                          else "not checked"))
+    hh = next(iter(sorted((runs / HH).glob("*/results.json"))), None) if (runs / HH).is_dir() else None
+    r = _json(hh) if hh else None
+    out.append(PartStatus("hh", r is not None, "not trained" if r is None else
+                          f"held-out reward acc {r.get('heldout_reward_accuracy_last')}, margin "
+                          f"{r.get('heldout_margin_mean_last')}"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command: list[str] = []
+    if "--" in argv:
+        argv, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    verbs = p.add_subparsers(dest="verb", required=True)
+    s = verbs.add_parser("serve")
+    s.add_argument("model")
+    s.add_argument("--served", required=True)
+    s.add_argument("--log", required=True, type=Path)
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--gpu-memory-utilization", type=float, default=0.4)
+    s.add_argument("--max-model-len", type=int, default=4096)
+    s.add_argument("--ready-timeout", type=float, default=900.0)
+    st = verbs.add_parser("status")
+    st.add_argument("runs", type=Path)
+    pl = verbs.add_parser("plan")
+    pl.add_argument("config", type=Path)
+    args = p.parse_args(argv)
+    if args.verb == "plan":
+        print("\n".join(plan_names(args.config)))
+        return 0
+    if args.verb == "serve":
+        spec = server_spec(model_dir(args.model), args.served, args.port, args.gpu_memory_utilization,
+                           args.max_model_len)
+        return serve(spec, args.log, command, args.ready_timeout)
+    rows = status(args.runs)
+    args.runs.mkdir(parents=True, exist_ok=True)
+    (args.runs / "status.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    for r in rows:
+        print(f"{'done' if r.done else 'todo':4s}  {r.part:22s} {r.detail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

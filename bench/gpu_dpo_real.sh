@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# Preference tuning of the real Qwen2.5-Coder-1.5B-Instruct on one H200 (configs/dpo/qwen2.5-coder-1.5b-gsm8k-h200.toml):
+# the verifier set from the base's own GSM8K train answers, the sweep of its [sweep] table (LoRA-DPO at beta 0.05 /
+# 0.1 / 0.3, IPO at tau 1.0, ORPO at lambda 0.1), the run its [selection] rule chooses from the training-time
+# held-out numbers, the regression battery of the base and every run (the base and the chosen run on all 14,042
+# MMLU items, the other rows on the fixed 2,000-item subset, paired on those items), the judge check with the
+# base itself as the judge, and the HH-RLHF off-policy run (configs/dpo/qwen2.5-coder-1.5b-hh-h200.toml).
+#   bash bench/gpu_dpo_real.sh prep [CHUNK_DIR [SEED_TGZ]]  here: the chunk set (the GGUF, the wheels the image
+#                                                    lacks, the evaluation and preference data, and optionally an
+#                                                    earlier window's runs.tgz) in 46 MiB chunks (default
+#                                                    /tmp/dpo-chunks); downloads the 1.1 GB GGUF once
+#   bash bench/gpu_dpo_real.sh bundle               unpack the vLLM bundle (carry .gpu-bundle)
+#   bash bench/gpu_dpo_real.sh setup CHUNK_DIR      join the carried chunk set (bench/TRANSFER.md), install the
+#                                                    wheels into /tmp/site, unpack the data, dequantize the model
+#   bash bench/gpu_dpo_real.sh launch               start `work` in a session of its own (it outlives the call)
+#   bash bench/gpu_dpo_real.sh poll SECONDS         wait up to SECONDS (or until work ends), then results to
+#                                                    $OUT/runs.tgz (split into $OUT/runs/ chunks past 15 MiB)
+# `work` runs PARTS in turn, each skipped when done and resumable when cut by the window (WORK_S):
+#   pairs    vLLM serves the base as "base" on port 8000 (the config's verifier.sampler_url, part of the set's
+#            manifest key) at half the GPU; `dpo data` samples 8 answers per GSM8K train question and keeps one
+#            right/wrong pair per mixed question; the server stops. Written at the end only: ~12 min, so it starts
+#            only with 15 min left. GPU ~12 min (server start ~2, ~60k answers of ~300 tokens ~10).
+#   sweep    `dpo sweep --skip-trained`: the [sweep] runs one after another; a finished run is skipped, a cut one
+#            resumes from its last checkpoint (train.save_steps 50). Per DPO/IPO run ~310 steps x ~1.5 s (32 pairs
+#            x 2 x ~900 padded tokens; policy forward + backward + reference forward at ~35% of bf16 peak) + 32
+#            margin evaluations of 512 held-out pairs: ~10 min; ORPO (no reference) ~7 min. GPU ~47 min.
+#   battery  the base side (full MMLU, once for the sweep) beside each run's tuned side (the subset), at most
+#            BATTERY_JOBS processes at once; then every run's battery.json from the records, the sweep report,
+#            and the chosen run (`dpo select`) again on all of MMLU (its base record reused). Base ~15 min (MMLU
+#            5-shot ~8, TruthfulQA ~1, 964 own-task + 1,319 GSM8K greedy answers ~6), each tuned row ~9 min:
+#            ~30 min wall for the six sides at 3 at once, + ~8 min for the chosen run's full MMLU. GPU ~40 min.
+#   judge    vLLM serves the base as "judge" (30% of the GPU): `dpo judge-check` (GPT-4's reference answers
+#            against the base's, blind), then MT-Bench for the base and the chosen run with that judge and
+#            battery.judge_check, so a failed check reads "not measured: judge too weak" (evals.mtbench's own
+#            gate runs too). GPU ~13 min (server ~2, check ~1, 2 x 160 answers ~8, ~330 ratings ~2).
+#   hh       `dpo train` on HH-RLHF harmless-base: 258 steps, its held-out reward accuracy and margin. GPU ~5 min.
+# In all ~120 GPU minutes, more than one machine lease (30 min, ~10 of them moving the chunks): each lease's
+# `poll` brings back runs.tgz (no weights, no checkpoints), and the next lease's prep carries it in as SEED_TGZ;
+# `work` restores it first (files already on the machine win). Adapters do not travel (74 MB each): a run whose
+# adapter is missing is retrained, deterministically on one GPU type, so its battery records are reused when its
+# adapter's sha256 matches theirs. The parts run in order, so a lease continues where the last one stopped.
+#   env: OUT (default /tmp/out), RUNS (default /tmp/dpo-runs), WORK_S (default 1140), DATA (default /tmp/data),
+#        PARTS (default "pairs sweep battery judge hh"), SWEEP_ONLY (runs of the sweep to train now, e.g.
+#        "dpo-beta0.1,ipo-beta1"), BATTERY_JOBS (default 3; each process holds ~25 GB in lm-eval's MMLU batches
+#        and up to ~40 GB in a 256-prompt generate batch of MBPP's longest prompts: 2 if the GPU runs out),
+#        SEED (default /tmp/seed.tgz when setup left one),
+#        CONFIG / HH_CONFIG (the two configs), SCALELAB_GIT_SHA (the commit, as the copied tree has no .git)
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+       VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1 TRL_EXPERIMENTAL_SILENCE=1 \
+       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/dpo-runs}; WORK_S=${WORK_S:-1140}; DATA=${DATA:-/tmp/data}
+PARTS=${PARTS:-"pairs sweep battery judge hh"}; BATTERY_JOBS=${BATTERY_JOBS:-3}
+export SCALELAB_CACHE=${SCALELAB_CACHE:-/tmp/scalelab-cache} SCALELAB_SHARED_DATA=$DATA
+export PYTHONPATH=$PWD/src:/tmp/site:/tmp/vllm-site/site
+[[ -n ${SCALELAB_GIT_SHA:-} ]] || export SCALELAB_GIT_SHA=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+LOGS=$RUNS/logs; SWEEP=$RUNS/gsm8k
+NAME=qwen2.5-coder-1.5b-instruct-q4km
+GGUF_REL=gguf/$NAME/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+CONFIG=${CONFIG:-configs/dpo/qwen2.5-coder-1.5b-gsm8k-h200.toml}
+HH_CONFIG=${HH_CONFIG:-configs/dpo/qwen2.5-coder-1.5b-hh-h200.toml}
+PORT=8000
+BSETS=(--set "battery.data_dir=\"$DATA\"")
+mkdir -p "$OUT" "$RUNS" "$LOGS"
+sl() { python3 -m scalelab.cli "$@"; }
+END=$((SECONDS + WORK_S))  # every command of this call stops by then
+left() { echo $((END - SECONDS - ${1:-0})); }
+bounded() {  # the command, stopped (SIGINT: checkpoints and part records stay) at the window's end
+  local t; t=$(left); [ "$t" -gt 0 ] || return 124
+  timeout -s INT "$t" "$@"
+}
+done_part() { [ -f "$RUNS/.done-$1" ]; }
+mark() { date -u +%FT%TZ > "$RUNS/.done-$1"; echo "$1: done after $SECONDS s" >> "$LOGS/work.log"; }
+enough() {  # $1 = part, $2 = seconds it must have to be worth starting
+  [ "$(left)" -ge "$2" ] && return 0
+  echo "$1: not started, $(left) s left in this window (< $2)" >> "$LOGS/work.log"; return 1
+}
+served() {  # $1 = served name, $2 = GPU memory share, $3 = max model length, $4 = log name, then the command
+  local name=$1 mem=$2 len=$3 log=$4; shift 4
+  bounded python3 bench/gpu_dpo_real.py serve "$NAME" --served "$name" --port "$PORT" \
+    --gpu-memory-utilization "$mem" --max-model-len "$len" --log "$LOGS/vllm-$log.log" -- "$@"
+}
+
+# pure-Python wheels the image lacks (/work/.library/device/KINDS.md lists what it has: accelerate, peft,
+# pyarrow, sacrebleu, scikit-learn, xxhash, ...); sqlitedict, word2number and rouge-score ship no wheel and are
+# imported by lm-eval only for its request cache and metrics this battery does not use
+WHEELS="trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 tomli_w==1.2.0 gguf==0.19.0 lm_eval==0.4.13
+        evaluate==0.4.6 more_itertools==11.2.1 pytablewriter==0.38.0 DataProperty==0.37.0 mbstrdecoder==1.1.5
+        typepy==0.3.1 tabledata==1.3.5 tcolorpy==0.1.7 pathvalidate==3.3.1 chardet==6.0.0.post1"
+DATA_SETS="README.md gsm8k mmlu truthfulqa mt_bench humaneval mbpp hh-rlhf"  # of ../shared/data
+prep() {  # here: $1 = chunk folder, $2 = an earlier window's runs.tgz to carry back in (optional)
+  local chunks=${1:-/tmp/dpo-chunks} seed=${2:-} src=/tmp/dpo-carry-src py=${PY:-python3}
+  rm -rf "$src" "$chunks" && mkdir -p "$src/whl" || return 1
+  PYTHONPATH=src "$py" -m scalelab.cli models fetch "$NAME" || return 1
+  cp "$(PYTHONPATH=src "$py" -m scalelab.cli models path "$NAME" --gguf)" "$src/model.gguf" || return 1
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$src/whl" $WHEELS || return 1
+  tar -C "${SHARED_DATA:-../shared/data}" -cJf "$src/data.tar.xz" $DATA_SETS || return 1
+  [ -z "$seed" ] || cp "$seed" "$src/seed.tgz" || return 1
+  PYTHONPATH=src "$py" -m scalelab.core.chunks split "$src" "$chunks" --max-mib 46
+}
+
+setup() {  # $1 = the folder holding the chunk set's manifest and chunks
+  local t0=$SECONDS
+  python3 -m scalelab.core.chunks join /tmp/carry "$1" || return 1
+  rm -rf "$1"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/carry/whl/*.whl || return 1
+  mkdir -p "$DATA" && tar -C "$DATA" -xJf /tmp/carry/data.tar.xz || return 1
+  [ ! -f /tmp/carry/seed.tgz ] || mv /tmp/carry/seed.tgz /tmp/seed.tgz
+  mkdir -p "$SCALELAB_CACHE/$(dirname "$GGUF_REL")" && mv /tmp/carry/model.gguf "$SCALELAB_CACHE/$GGUF_REL" || return 1
+  echo "setup: joined and installed in $((SECONDS - t0)) s"
+  sl models path "$NAME" || return 1  # checks the GGUF's pinned sha256, dequantizes once into the cache
+  echo "setup: model ready after $((SECONDS - t0)) s"
+  python3 -c "import torch, transformers, peft, trl, datasets, lm_eval.evaluator, gguf, tomli_w, vllm
+from trl.experimental.orpo import ORPOTrainer
+print('versions torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__,
+      'trl', trl.__version__, 'vllm', vllm.__version__, torch.cuda.get_device_name())"
+}
+
+restore() {  # an earlier window's results (SEED, a runs.tgz), once per machine; files already here win
+  local seed=${SEED:-/tmp/seed.tgz}
+  [ -f "$seed" ] && [ ! -f "$RUNS/.seeded" ] || return 0
+  tar -xzf "$seed" -C "$RUNS" --skip-old-files --exclude=work.done && date -u +%FT%TZ > "$RUNS/.seeded"
+  echo "restored $seed" >> "$LOGS/work.log"
+}
+
+provenance() {  # one record per window: the commit, the window and the knobs
+  python3 -c "import json, sys, time; print(json.dumps({'git_sha': sys.argv[1], 'started_unix': time.time(),
+'work_s': int(sys.argv[2]), 'parts': sys.argv[3].split(), 'sweep_only': sys.argv[4], 'battery_jobs': int(sys.argv[5]),
+'config': sys.argv[6], 'hh_config': sys.argv[7]}, indent=1))" "$SCALELAB_GIT_SHA" "$WORK_S" "$PARTS" \
+    "${SWEEP_ONLY:-}" "$BATTERY_JOBS" "$CONFIG" "$HH_CONFIG" > "$RUNS/provenance-window-$(date -u +%Y%m%dT%H%M%SZ).json"
+}
+
+pairs() {  # the verifier set, sampled from the base through vLLM and graded by the GSM8K verifier
+  done_part pairs && return 0
+  enough pairs 900 || return 0
+  served base 0.5 2048 pairs python3 -m scalelab.cli dpo data --config "$CONFIG" --show 1 \
+    --set "run.out_dir=\"$RUNS\"" --set 'run.name="gsm8k-pairs"' --set "data.path=\"$SWEEP/preferences.jsonl\"" \
+    >> "$LOGS/pairs.log" 2>&1 && mark pairs
+}
+
+sweep() {  # no marker: a sweep whose runs have all trained (adapter there) only rewrites its report
+  done_part pairs || { echo "sweep: no verifier set yet (pairs)" >> "$LOGS/work.log"; return 1; }
+  enough sweep 300 || return 0
+  bounded python3 -m scalelab.cli dpo sweep --config "$CONFIG" --name gsm8k --skip-trained \
+    --set "run.out_dir=\"$RUNS\"" "${BSETS[@]}" ${SWEEP_ONLY:+--only "$SWEEP_ONLY"} >> "$LOGS/sweep.log" 2>&1
+}
+
+battery_side() {  # $1 = a run or the sweep folder, $2 = side, then --set overrides; a log per target and side
+  local target=$1 side=$2; shift 2
+  bounded python3 -m scalelab.cli dpo battery "$target" --side "$side" "${BSETS[@]}" "$@" \
+    >> "$LOGS/battery-$(basename "$target")-$side.log" 2>&1
+}
+
+planned() { python3 bench/gpu_dpo_real.py plan "$CONFIG"; }  # the run names of the config's [sweep]
+
+all_trained() {  # every planned run has results and its adapter (a restored folder has none until retrained)
+  local run names
+  names=$(planned) || return 1
+  for run in $names; do
+    [ -f "$SWEEP/$run/results.json" ] && [ -f "$SWEEP/$run/adapter/adapter_model.safetensors" ] || return 1
+  done
+}
+
+battery() {  # the base side in full beside each run's tuned side (subset rows), then battery.json, then the chosen
+  done_part battery && return 0
+  all_trained || { echo "battery: not every run has trained (sweep)" >> "$LOGS/work.log"; return 1; }
+  enough battery 600 || return 0
+  local run chosen pids=()
+  battery_side "$SWEEP" base & pids+=($!)
+  for run in $(planned); do
+    while [ "$(jobs -rp | wc -l)" -ge "$BATTERY_JOBS" ]; do sleep 10; done
+    battery_side "$SWEEP/$run" tuned & pids+=($!)
+  done
+  wait "${pids[@]}"
+  battery_side "$SWEEP" both || return 1  # every run's battery.json from the records, and the sweep's REPORT.md
+  chosen=$(sl dpo select "$SWEEP" --name-only 2>> "$LOGS/battery.log") || return 1
+  echo "battery: chosen $chosen" >> "$LOGS/work.log"
+  battery_side "$SWEEP/$chosen" both --set battery.mmlu_subset=0 || return 1  # the chosen run on all of MMLU
+  sl dpo report "$SWEEP" >> "$LOGS/battery.log" 2>&1 && mark battery
+}
+
+judge() {  # the 1.5B base as the judge: the check, then MT-Bench of the base and the chosen run
+  done_part judge && return 0
+  done_part battery || { echo "judge: the battery has not finished" >> "$LOGS/work.log"; return 1; }
+  enough judge 600 || return 0
+  local chosen
+  chosen=$(sl dpo select "$SWEEP" --name-only) || return 1
+  if [ ! -f "$SWEEP/$chosen/adapter/adapter_model.safetensors" ]; then  # restored without weights: retrain it
+    SWEEP_ONLY=$chosen sweep
+    [ -f "$SWEEP/$chosen/adapter/adapter_model.safetensors" ] || return 1
+  fi
+  served judge 0.3 8192 judge bash "$0" judged >> "$LOGS/judge.log" 2>&1 && mark judge
+}
+
+judged() {  # under the judge's server ($SERVER_URL): GPT-4 vs the base's answers, then MT-Bench where it passed
+  local check=$SWEEP/judge-check chosen
+  sl dpo judge-check --config "$CONFIG" "${BSETS[@]}" --judge-url "$SERVER_URL" --judge-model judge \
+    --out "$check" || return 1
+  chosen=$(sl dpo select "$SWEEP" --name-only) || return 1
+  sl dpo battery "$SWEEP/$chosen" "${BSETS[@]}" --set battery.mmlu_subset=0 \
+    --set "battery.judge_url=\"$SERVER_URL\"" --set 'battery.judge_model="judge"' \
+    --set "battery.judge_check=\"$check/judge_check.json\"" || return 1
+  sl dpo report "$SWEEP"
+}
+
+hh() {  # HH-RLHF harmless-base, off-policy: its held-out reward accuracy and margin are the result
+  done_part hh && return 0
+  enough hh 420 || return 0
+  bounded python3 -m scalelab.cli dpo train --config "$HH_CONFIG" --set "run.out_dir=\"$RUNS/hh\"" \
+    --set "data.path=\"$DATA/hh-rlhf/harmless-base_test.jsonl.gz\"" >> "$LOGS/hh.log" 2>&1 && mark hh
+}
+
+pack() {  # the run folders without weights, checkpoints or caches, as one archive (chunks past 15 MiB)
+  rm -rf "$OUT/runs" "$OUT/runs.tgz"
+  tar -czf "$OUT/runs.tgz.tmp" -C "$RUNS" --exclude='checkpoint*' --exclude='*.safetensors' --exclude='*.pt' \
+    --exclude=merged --exclude=.locks --exclude=lm-eval-requests --exclude=.seeded --exclude=work.done . \
+    && mv "$OUT/runs.tgz.tmp" "$OUT/runs.tgz" || return 1
+  if [ "$(stat -c %s "$OUT/runs.tgz")" -gt $((15 * 1024 * 1024)) ]; then
+    python3 -m scalelab.core.chunks split "$OUT/runs.tgz" "$OUT/runs" --max-mib 15 && rm "$OUT/runs.tgz"
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.csv" 2>&1
+}
+
+work() {
+  local part rc
+  restore
+  provenance
+  for part in $PARTS; do
+    echo "== $part at $SECONDS s, $(left) s left" >> "$LOGS/work.log"
+    "$part"; rc=$?
+    [ "$rc" -eq 0 ] || echo "$part: exit $rc" >> "$LOGS/work.log"
+  done
+  python3 bench/gpu_dpo_real.py status "$RUNS" > "$LOGS/status.log" 2>&1
+  echo "work done after $SECONDS s" > "$RUNS/work.done"
+}
+
+poll() {  # $1 = seconds to wait at most
+  local until=$((SECONDS + $1)) f
+  while [ $SECONDS -lt "$until" ] && [ ! -f "$RUNS/work.done" ]; do sleep 10; done
+  pack
+  python3 bench/gpu_dpo_real.py status "$RUNS"
+  for f in "$LOGS"/*.log; do echo "== $(basename "$f")"; grep -E "^step|held-out|sampling|battery:|rror|judge|skipped|exit" \
+    "$f" | tail -3 | cut -c1-220; done
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+  cat "$RUNS/work.done" 2>/dev/null || echo "work still running"
+}
+
+case "${1:-}" in
+  prep) prep "${2:-}" "${3:-}" ;;
+  bundle) bash .gpu-bundle/unpack.sh | tail -1 ;;
+  setup) setup "${2:?usage: bash bench/gpu_dpo_real.sh setup CHUNK_DIR}" ;;
+  launch) rm -f "$RUNS/work.done"; setsid nohup bash "$0" work > "$RUNS/work.out" 2>&1 < /dev/null &
+          sleep 2; echo "launched work (pid $!), window ${WORK_S} s" ;;
+  work) work ;;
+  judged) judged ;;
+  poll) poll "${2:?usage: bash bench/gpu_dpo_real.sh poll SECONDS}" ;;
+  status) python3 bench/gpu_dpo_real.py status "$RUNS" ;;
+  *) echo "usage: bash bench/gpu_dpo_real.sh prep [CHUNK_DIR [SEED_TGZ]] | bundle | setup CHUNK_DIR | launch | work |" \
+          "poll SECONDS | status" >&2; exit 2 ;;
+esac
