@@ -22,6 +22,7 @@ from scalelab.dpo.evidence import render_evidence_table
 from scalelab.dpo.predict import GPU_OVERHEAD
 from scalelab.dpo.report import battery_md, lengths_md, plot_training, prediction_rows
 from scalelab.dpo.runfiles import RunFiles, fmt, is_run_dir, load_run, pct, pts, table
+from scalelab.dpo.selection import select_runs
 from scalelab.dpo.sweep_report import (
     ABLATION_HEADER, Choice, SweepRow, ablation_cells, choose, find_runs, sweep_row,
 )
@@ -40,6 +41,8 @@ class DocInputs:
     throughput: tuple[tuple[Path, str], ...] = ()   # bench/dpo_throughput.py's results: (file, name printed)
     command: str = ""                           # the command that regenerates the page
     figures: tuple[tuple[str, str], ...] = ()   # (name, path relative to the Markdown file)
+    rule: str = ""                              # the [selection] rule the runs were configured with, if any
+    after_the_fact: Choice | None = None        # with a rule: the battery's best row, for comparison only
 
     @property
     def featured(self) -> RunFiles:
@@ -58,8 +61,17 @@ def load_inputs(path: str | Path, throughput: tuple[tuple[Path, str], ...] | Non
     found = tuple((p, p.as_posix()) for p in find_throughput(path)) if throughput is None else throughput
     d = DocInputs(path, runs, rows, choose(rows), {}, found,
                   command or f"scalelab dpo docs {shlex.quote(str(path))} --out docs/dpo.md")
+    if any("selection" in r.config for r in runs):
+        d = replace(d, **ruled_choice(runs, rows))
     data = [e for e in RunDir(d.featured.path).events("data")]
     return replace(d, data=data[-1] if data else {})
+
+def ruled_choice(runs: tuple[RunFiles, ...], rows: tuple[SweepRow, ...]) -> dict:
+    """The run the [selection] rule picks from training-time held-out numbers (dpo.selection) as the page's
+    choice; the battery's best row is kept apart, since a pick made on the numbers it then reports is optimistic."""
+    sel = select_runs(runs)
+    row = next((r for r in rows if sel.chosen and r.run == sel.chosen.run), None)
+    return {"choice": Choice(row, sel.tied, sel.reason), "rule": sel.rule, "after_the_fact": choose(rows)}
 
 # ---------------------------------------------------------------------------------------------
 # sections
@@ -223,8 +235,14 @@ def _ablation(d: DocInputs) -> list[str]:
              "are.", ""]
     lines += table(ABLATION_HEADER, [ablation_cells(r) for r in d.rows]) + [""]
     pick = (f"**Chosen: {d.choice.row.label}**: " if d.choice.row else "**No β chosen**: ") + d.choice.reason
-    return lines + ["Rule, fixed before looking: the best target gain among runs that pass the MMLU (drop <= 2 "
-                    "points) and length (<= 1.3x) criteria.", "", pick, ""]
+    if not d.rule:
+        return lines + ["Rule, fixed before looking: the best target gain among runs that pass the MMLU (drop <= 2 "
+                        "points) and length (<= 1.3x) criteria.", "", pick, ""]
+    late = d.after_the_fact
+    late_line = ("Best battery row, after the fact (picked on the numbers it reports, so optimistic; not the "
+                 f"choice): {late.row.label if late and late.row else 'none'}: {late.reason if late else ''}")
+    return lines + [f"Rule, fixed in the config's [selection] table before the runs: {d.rule}.", "", pick, "",
+                    late_line, ""]
 
 
 def _evidence(d: DocInputs) -> list[str]:
