@@ -34,6 +34,10 @@
 #            battery.judge_check, so a failed check reads "not measured: judge too weak" (evals.mtbench's own
 #            gate runs too). GPU ~13 min (server ~2, check ~1, 2 x 160 answers ~8, ~330 ratings ~2).
 #   hh       `dpo train` on HH-RLHF harmless-base: 258 steps, its held-out reward accuracy and margin. GPU ~5 min.
+#   baseline not in the default PARTS: the model's own baseline battery (`evals battery --tasks all`: GSM8K on the
+#            reference protocol, MATH-500, HumanEval, MBPP, IFEval-lite, tool calls through vLLM; MMLU, TruthfulQA,
+#            ARC-e/ARC-c, HellaSwag, PIQA through lm-eval), resumable per task, into $RUNS/baseline-$NAME; from
+#            the same chunk set. GPU ~30 min (the 0.5B's took ~25 with MMLU 5-shot at 8 min).
 # In all ~120 GPU minutes, more than one machine lease (30 min, ~10 of them moving the chunks): each lease's
 # `poll` brings back runs.tgz (no weights, no checkpoints), and the next lease's prep carries it in as SEED_TGZ;
 # `work` restores it first (files already on the machine win). Adapters do not travel (74 MB each): a run whose
@@ -87,7 +91,8 @@ served() {  # $1 = served name, $2 = GPU memory share, $3 = max model length, $4
 WHEELS="trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 tomli_w==1.2.0 gguf==0.19.0 lm_eval==0.4.13
         evaluate==0.4.6 more_itertools==11.2.1 pytablewriter==0.38.0 DataProperty==0.37.0 mbstrdecoder==1.1.5
         typepy==0.3.1 tabledata==1.3.5 tcolorpy==0.1.7 pathvalidate==3.3.1 chardet==6.0.0.post1"
-DATA_SETS="README.md gsm8k mmlu truthfulqa mt_bench humaneval mbpp hh-rlhf"  # of ../shared/data
+# of ../shared/data; math500, hellaswag and llmfoundry_icl (ARC, PIQA) for the baseline part
+DATA_SETS="README.md gsm8k mmlu truthfulqa mt_bench humaneval mbpp hh-rlhf math500 hellaswag llmfoundry_icl"
 prep() {  # here: $1 = chunk folder, $2 = an earlier window's runs.tgz to carry back in (optional)
   local chunks=${1:-/tmp/dpo-chunks} seed=${2:-} src=/tmp/dpo-carry-src py=${PY:-python3}
   rm -rf "$src" "$chunks" && mkdir -p "$src/whl" || return 1
@@ -210,6 +215,13 @@ hh() {  # HH-RLHF harmless-base, off-policy: its held-out reward accuracy and ma
   enough hh 420 || return 0
   bounded python3 -m scalelab.cli dpo train --config "$HH_CONFIG" --set "run.out_dir=\"$RUNS/hh\"" \
     --set "data.path=\"$DATA/hh-rlhf/harmless-base_test.jsonl.gz\"" >> "$LOGS/hh.log" 2>&1 && mark hh
+}
+
+baseline() {  # the base model's own battery, each task stored when it ends (a cut window resumes)
+  done_part baseline && return 0
+  enough baseline 300 || return 0
+  bounded python3 -m scalelab.cli evals battery --model "$NAME" --out "$RUNS/baseline-$NAME" --data-dir "$DATA" \
+    --tasks all --max-model-len 8192 --lm-eval-batch-size 8 >> "$LOGS/baseline.log" 2>&1 && mark baseline
 }
 
 pack() {  # the run folders without weights, checkpoints or caches, as one archive (chunks past 15 MiB)
