@@ -19,6 +19,9 @@
 #        STALE_K0, STALE_IS0, STALE_K1 (the k lists of seeds 0 and 1; STALE_K1="" skips seed 1),
 #        AFTER_TASKS (the exported policies' battery, default math500: GSM8K is the run's own final evaluation),
 #        RECIPE_SETS (more `--set K=V` arguments for the recipe runs, e.g. "--set train.max_steps=100"),
+#        BATTERY_TASKS (the base battery's tasks, default all), with prep's BATTERY_WHEELS and BATTERY_DATA for
+#        its multiple-choice part (e.g. BATTERY_TASKS=arc_easy,arc_challenge,piqa BATTERY_DATA=llmfoundry_icl and
+#        lm_eval's wheels as in bench/gpu_dpo_real.sh),
 #        SCALELAB_GIT_SHA (the commit, as the copied tree has no .git)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
@@ -54,7 +57,8 @@ prep() {  # here: one chunk set; the battery's multiple-choice tasks need lm_eva
   smol=$(PYTHONPATH=src "$py" -m scalelab.cli models path smollm2-135m-instruct | tail -1) || return 1
   mkdir -p "$src/smol-tokenizer" && cp "$smol"/{tokenizer.json,tokenizer_config.json,chat_template.jinja,config.json} \
     "$src/smol-tokenizer/" || return 1
-  tar -C ../shared/data -cJf "$src/data.tar.xz" README.md gsm8k math500 || return 1
+  # ${BATTERY_DATA}: the battery's multiple-choice sets when it runs here, e.g. "llmfoundry_icl" for ARC-e/ARC-c/PIQA
+  tar -C ../shared/data -cJf "$src/data.tar.xz" README.md gsm8k math500 ${BATTERY_DATA:-} || return 1
   tar -C "$src" -cJf "$src/smol-tokenizer.tar.xz" smol-tokenizer && rm -r "$src/smol-tokenizer" || return 1
   PYTHONPATH=src "$py" -m scalelab.core.chunks split "$src" "$chunks" --max-mib 46
 }
