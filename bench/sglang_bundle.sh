@@ -9,18 +9,19 @@
 # Why this release: bench/sglang_compat.py (results/cpu/sglang_compat.json) finds SGLang 0.5.11-0.5.17 pinning the
 # image's torch 2.11.0 with kernels linked to CUDA 13; 0.5.17 is the newest of them. It pins transformers 5.12.1,
 # not the image's 5.17: the bundle carries it, first on the SGLang server's PYTHONPATH only.
-# Trimmed: sglang-kernel's non-sm_90 GPU code is zeroed (the vLLM bundle's prune_fatbin.py) so it compresses, and its
-# sm_100, MLA (DeepSeek) and multimodal extensions are left out: a dense text model on an H200 uses FA3 and sm_90
-# kernels. flashinfer's own dependencies (cutlass-dsl, cudnn-frontend, cuda-tile, nccl4py; hundreds of MB) are not
-# carried: start the server with --attention-backend fa3 --sampling-backend pytorch, so flashinfer is imported but
-# no kernel of it runs; `probe` says whether that holds.
+# Trimmed: sglang-kernel's non-sm_90 GPU code is zeroed (the vLLM bundle's prune_fatbin.py) so it compresses, and
+# its sm_100 build and its flashmla (MLA attention), infllm and spatial extensions are left out: a dense text model
+# on an H200 uses FA3 and the sm_90 kernels. flashinfer's own dependencies (cutlass-dsl, cudnn-frontend, cuda-tile,
+# nccl4py; hundreds of MB) are not carried: start the server with --attention-backend fa3 --sampling-backend
+# pytorch, so flashinfer is imported but no kernel of it runs; `probe` says whether that holds.
 set -euo pipefail
 SGLANG=0.5.17 KERNEL=0.4.5 FLASHINFER=0.6.15.post1 TRANSFORMERS=5.12.1
 # pure-Python or manylinux wheels SGLang's server imports that neither the image nor the vLLM bundle has; the
 # first GPU probe's list is the check, EXTRA_WHEELS adds what it names
 DEPS="apache-tvm-ffi==0.1.11 xgrammar==0.2.1 torch_memory_saver==0.0.10 torchao==0.17.0 orjson==3.13.0
   uvloop==0.23.0 interegular==0.3.3 einops==0.8.2 xxhash==4.1.0 zstandard==0.25.0 sentencepiece==0.2.3
-  nvidia-ml-py==13.615.71 cuda-python==13.4.4 cuda-bindings==13.4.4 cuda-core==1.2.0 cuda-pathfinder==1.9.1 compressed-tensors==0.20.1
+  nvidia-ml-py==13.615.71 cuda-python==13.4.4 cuda-bindings==13.4.4 cuda-core==1.2.0 cuda-pathfinder==1.9.1
+  compressed-tensors==0.20.1
   loguru==0.7.3 psutil==7.2.2 ninja==1.13.0 click==8.3.1 tabulate==0.9.0"
 PRUNE=${PRUNE:-../shared/gpu/vllm-bundle/prune_fatbin.py}
 DEST=${DEST:-/tmp/sglang-site}
