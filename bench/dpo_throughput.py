@@ -1,7 +1,17 @@
-"""LoRA-DPO throughput on one GPU: TRL's defaults against our recipe, same random-weight model, data order and seeds.
+"""LoRA-DPO throughput on one GPU: TRL's defaults against our recipe, same model, data order and seeds.
 
     python3 bench/dpo_throughput.py --out results/h200/dpo_throughput_qwen7b.json     # Qwen2.5-7B shape, cuda, bf16
     python3 bench/dpo_throughput.py --tiny --out /tmp/dpo_tiny.json                   # CPU smoke test, < 1 min
+    python3 bench/dpo_throughput.py --model qwen2.5-coder-1.5b-instruct-q4km \
+        --pairs /tmp/dpo-runs/gsm8k/preferences.jsonl --repeats 2 --out /tmp/dpo_throughput_real.json
+
+--model takes real weights (a registry name of scalelab.core.models, resolved to its local HF folder, or an HF
+folder), loaded as the dpo job loads them (bf16 on cuda, float32 on CPU); the LoRA shape stays the same. --pairs
+takes the job's preference jsonl (PreferencePair records, read with scalelab.dpo.data.load_pairs); the first
+batch_pairs x (warm-up + measured steps) pairs in file order go to both trainers as the job hands them over
+(conversational rows that TRL renders with the model's chat template and truncates to max_length), and the
+trainers' seeded sampler orders them. --repeats R runs every variant R times, alternating (see run_plan), and the
+summary gives per-variant medians over the repeats and the ratio of medians ours / trl_default.
 
 Each variant runs in a fresh subprocess (its own CUDA allocator peak and caches), trl_default first. Measured per
 variant: wall time of every optimizer step (between consecutive step ends, CUDA synchronised, so logging and the
@@ -18,8 +28,12 @@ collator hands the model) and shared-prompt packed (what our shared_prompt forwa
 Variants (VARIANTS below): trl_default; ours = no activation recompute + shared-prompt packing, reference forward
 in the step as TRL does it; ours_precompute adds the reference precompute; two ablations attribute the gain.
 
-Data: synthetic preference pairs of random token ids; prompt length ~ U{64..1024}, chosen and rejected lengths
-~ U{32..1024} each, drawn independently (+1 EOS), each sequence truncated to 2048 tokens (TRL keep_start).
+Data (default): synthetic preference pairs of random token ids; prompt length ~ U{64..1024}, chosen and rejected
+lengths ~ U{32..1024} each, drawn independently (+1 EOS), each sequence truncated to 2048 tokens (TRL keep_start).
+With --model and no --pairs the same random words go through the model's tokenizer (a few tokens per word).
+
+Equal loss: every run of a variant against the first run of trl_default, within max(loss_atol, NOISE_FACTOR x the
+loss noise floor of trl_default against its own reruns); the rule and loss_atol are printed before any run.
 """
 from __future__ import annotations
 
@@ -28,6 +42,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,6 +88,8 @@ class Settings:
     # carries that into the next steps (a 4-layer bf16 model at 10x this lr drifts by 1.5e-3 in 4 steps); the
     # forward itself is compared directly in logps_check
     loss_atol: float = 1e-2
+    model_folder: str = ""               # real weights: a local HF folder ('' = random weights of `shape`)
+    pairs_file: str = ""                 # real pairs: a PreferencePair jsonl ('' = synthetic)
 
     @property
     def total_steps(self) -> int:
@@ -108,6 +125,50 @@ VARIANTS = {v.name: v for v in [
             {**OURS, "packing": "shared_prompt"}),
 ]}
 REQUIRED = ("trl_default", "ours", "trl_default_repeat")
+SPEEDUP_GOAL = 1.3    # ours / trl_default, ratio of median step tokens/s
+
+
+@dataclass(frozen=True)
+class TrlSwitch:
+    trl_field: str          # the DPOConfig field a TRL user sets for the same change; '' = TRL has none
+    trl_value: object = None
+    note: str = ""
+
+
+# What each of our recipe options is in TRL 1.16's DPOConfig, so the summary can say which part of a speed-up a
+# TRL user gets by flipping a switch and which part is ours alone. A field missing from the installed DPOConfig
+# (read from trl_default's recorded arguments) is reported as such rather than trusted.
+TRL_EQUIVALENT = {
+    ("gradient_checkpointing", False): TrlSwitch("gradient_checkpointing", False,
+                                                 "TRL's DPOConfig turns activation recompute on by default"),
+    ("gradient_checkpointing", True): TrlSwitch("gradient_checkpointing", True),
+    ("precompute_ref_logprobs", False): TrlSwitch("precompute_ref_log_probs", False),
+    ("precompute_ref_logprobs", True): TrlSwitch(
+        "precompute_ref_log_probs", True, "same log-probs; ours keeps them in memory and skips TRL's sha256 of "
+        "every weight (its disk-cache key)"),
+    ("packing", "none"): TrlSwitch("padding_free", False),
+    ("packing", "padding_free"): TrlSwitch(
+        "padding_free", True, "TRL 1.16 documents padding_free as temporarily unavailable (it warns and pads)"),
+    ("packing", "shared_prompt"): TrlSwitch("", None, "not in TRL: the prompt runs once per pair "
+                                                      "(scalelab.dpo.packing)"),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where real weights came from: what was asked for, the folder opened, and hashes that pin it."""
+    name: str
+    folder: str
+    config_sha256: str
+    registry_sha256: str = ""    # the registry's pinned GGUF sha256 of a registry name; '' = none
+
+
+@dataclass(frozen=True)
+class PairsSource:
+    path: str
+    sha256: str
+    count: int                   # pairs in the file
+    used: int                    # the first `used` of them, in file order
 ENV_RECORDED = ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "TQDM_DISABLE", "NCCL_NVLS_ENABLE", "PYTHONPATH")
 
 
@@ -116,6 +177,7 @@ class VariantResult:
     name: str
     ok: bool
     error: str = ""
+    repeat: int = 0                           # which of the --repeats runs of this variant
     wall_s: float = 0.0                       # whole subprocess
     setup_s: float = 0.0                      # model + trainer construction, precompute included
     ref_precompute_s: float = 0.0
@@ -155,6 +217,31 @@ def synthetic_rows(s: Settings, vocab: int) -> list[dict]:
 
     return [{"prompt": words(*s.prompt_tokens), "chosen": " " + words(*s.response_tokens),
              "rejected": " " + words(*s.response_tokens)} for _ in range(s.total_steps * s.batch_pairs)]
+
+
+def pair_rows(path: str, needed: int) -> list[dict]:
+    """The first `needed` pairs of a PreferencePair jsonl in file order, as the dpo job hands them to its trainer
+    (PreferencePair.to_trl: message lists, rendered by TRL with the tokenizer's chat template)."""
+    from scalelab.dpo.data import load_pairs
+    pairs = load_pairs("pairs", path).pairs
+    if len(pairs) < needed:
+        raise ValueError(f"--pairs {path}: {len(pairs)} pairs, the run needs {needed} "
+                         f"(batch_pairs x (warmup_steps + measured_steps))")
+    return [p.to_trl() for p in pairs[:needed]]
+
+
+def bench_rows(s: Settings) -> list[dict]:
+    if s.pairs_file:
+        return pair_rows(s.pairs_file, s.total_steps * s.batch_pairs)
+    return synthetic_rows(s, SHAPES[s.shape].vocab)
+
+
+def load_model(s: Settings):
+    """(model, tokenizer): real weights loaded as the dpo job loads them, or the random shape and word tokenizer."""
+    if s.model_folder:
+        from scalelab.core.hfmodel import load_causal_lm
+        return load_causal_lm(s.model_folder, "auto", s.device)  # auto: bf16 on cuda, float32 on CPU
+    return build_model(s), word_tokenizer(SHAPES[s.shape].vocab)
 
 
 def build_model(s: Settings):
@@ -266,9 +353,8 @@ def logps_check(trainer, n_pairs: int) -> dict:
 def measure(v: Variant, s: Settings) -> VariantResult:
     from scalelab.dpo.train import peak_memory_gib
     t0 = time.perf_counter()
-    tokenizer = word_tokenizer(SHAPES[s.shape].vocab)
-    rows = synthetic_rows(s, SHAPES[s.shape].vocab)
-    model = build_model(s)
+    rows = bench_rows(s)
+    model, tokenizer = load_model(s)
     with tempfile.TemporaryDirectory() as out_dir:
         trainer = build_trainer(v, s, model, tokenizer, rows, out_dir)
         setup_s = time.perf_counter() - t0
@@ -346,38 +432,102 @@ def flag_diff(a: dict, b: dict) -> dict:
 # sign(g), so two runs of the SAME config drift apart; a variant computes the same loss when it stays within that
 # measured drift (with a margin for a 10-step sample) or within loss_atol, whichever is larger.
 NOISE_FACTOR = 1.5
+TOLERANCE_RULE = ("every run of a variant against trl_default's first run: max |dloss| over the steps <= "
+                  "max(loss_atol, NOISE_FACTOR x the largest max |dloss| of that run against trl_default's reruns)")
 
 
 def max_loss_diff(a: VariantResult, b: VariantResult) -> float:
     return max((abs(x - y) for x, y in zip(a.losses, b.losses)), default=math.inf)
 
 
-def compare(base: VariantResult, r: VariantResult, s: Settings, noise_floor: float) -> dict:
-    """r against trl_default: speed-ups, same batches, and the loss check."""
-    tb, tr = throughput(base, s), throughput(r, s)
-    loss_diff = max_loss_diff(base, r)
-    same_len = len(base.losses) == len(r.losses) == s.total_steps
+def runs_by_variant(results: list[VariantResult]) -> dict[str, list[VariantResult]]:
+    """Each variant's runs in repeat order, variants in the order they first ran."""
+    by: dict[str, list[VariantResult]] = {}
+    for r in results:
+        by.setdefault(r.name, []).append(r)
+    return {name: sorted(runs, key=lambda r: r.repeat) for name, runs in by.items()}
+
+
+def median_throughput(runs: list[VariantResult], s: Settings) -> dict:
+    """Every throughput figure as its median over the successful runs (one run: that run's figures)."""
+    each = [throughput(r, s) for r in runs if r.ok]
+    return {k: statistics.median(t[k] for t in each) for k in each[0]} if each else {}
+
+
+def per_repeat(runs: list[VariantResult], s: Settings) -> list[dict]:
+    out = []
+    for r in runs:
+        t = throughput(r, s) if r.ok else {}
+        out.append({"repeat": r.repeat, "ok": r.ok, "error": r.error, "tokens_per_s": t.get("tokens_per_s"),
+                    "tokens_per_s_end_to_end": t.get("tokens_per_s_end_to_end")})
+    return out
+
+
+def variant_row(runs: list[VariantResult], s: Settings) -> dict:
+    row = {"ok": all(r.ok for r in runs), "error": next((r.error for r in runs if not r.ok), ""),
+           "repeats": per_repeat(runs, s)}
+    if any(r.ok for r in runs):
+        row["throughput"] = median_throughput(runs, s)
+    return row
+
+
+def noise_floor(base_runs: list[VariantResult], reruns: list[VariantResult]) -> float:
+    """Largest loss drift of trl_default's first run against its other repeats and trl_default_repeat; 0 = none."""
+    others = base_runs[1:] + [r for r in reruns if r.ok]
+    return max((max_loss_diff(base_runs[0], r) for r in others), default=0.0)
+
+
+def changes_vs_trl(recipe: dict, trl_args: dict) -> list[dict]:
+    """The recipe's departures from TRL's defaults, each with the DPOConfig switch that does the same, if any.
+    trl_args is trl_default's recorded DPOConfig: its defaults and field names are the installed trl's."""
+    out = []
+    for key, value in recipe.items():
+        sw = TRL_EQUIVALENT.get((key, value), TrlSwitch("", None, "no TRL equivalent known to this bench"))
+        if sw.trl_field and sw.trl_field in trl_args and trl_args[sw.trl_field] == sw.trl_value:
+            continue  # TRL's default already: not a difference
+        plain = bool(sw.trl_field) and sw.trl_field in trl_args
+        note = sw.note if plain or not sw.trl_field else f"no field {sw.trl_field!r} in the installed DPOConfig"
+        out.append({"ours": f"train.{key}={json.dumps(value)}", "plain_trl_switch": plain, "note": note,
+                    "trl": f"DPOConfig({sw.trl_field}={sw.trl_value!r})" if plain else ""})
+    return out
+
+
+def compare(base_runs: list[VariantResult], runs: list[VariantResult], s: Settings, tolerance: float) -> dict:
+    """runs against trl_default: ratio of median speeds, same batches, and every run's loss against the base's
+    first run."""
+    base, ok = base_runs[0], [r for r in runs if r.ok]
+    tb, tr = median_throughput(base_runs, s), median_throughput(ok, s)
+    diffs = [max_loss_diff(base, r) for r in ok]
+    same_len = all(len(r.losses) == s.total_steps for r in [base, *ok])
+    base_by_repeat = {r.repeat: throughput(r, s)["tokens_per_s"] for r in base_runs}
     return {"speedup_step": tr["tokens_per_s"] / tb["tokens_per_s"],
             "speedup_end_to_end": tr["tokens_per_s_end_to_end"] / tb["tokens_per_s_end_to_end"],
-            "same_batches": base.real_tokens == r.real_tokens, "loss_max_abs_diff": loss_diff,
-            "equal_loss": same_len and loss_diff <= max(s.loss_atol, NOISE_FACTOR * noise_floor),
-            "dpo_config_diff": flag_diff(base.trainer_args, r.trainer_args),
-            "recipe": VARIANTS[r.name].recipe}
+            "speedup_step_per_repeat": {str(r.repeat): throughput(r, s)["tokens_per_s"] / base_by_repeat[r.repeat]
+                                        for r in ok if r.repeat in base_by_repeat},
+            "same_batches": all(r.real_tokens == base.real_tokens for r in ok),
+            "loss_max_abs_diff": max(diffs), "loss_max_abs_diff_per_repeat": diffs,
+            "equal_loss": len(ok) == len(runs) and same_len and max(diffs) <= tolerance,
+            "dpo_config_diff": flag_diff(base.trainer_args, ok[0].trainer_args),
+            "recipe": VARIANTS[ok[0].name].recipe,
+            "changes_vs_trl": changes_vs_trl(VARIANTS[ok[0].name].recipe, base.trainer_args)}
 
 
 def summarize(results: list[VariantResult], s: Settings) -> dict:
-    ok = {r.name: r for r in results if r.ok}
-    rows = {r.name: {"ok": r.ok, "error": r.error, **({"throughput": throughput(r, s)} if r.ok else {})}
-            for r in results}
-    noise_floor = 0.0   # no repeat run: the tolerance is loss_atol alone
-    if "trl_default" in ok:
-        if "trl_default_repeat" in ok:
-            noise_floor = max_loss_diff(ok["trl_default"], ok["trl_default_repeat"])
-        for name, r in ok.items():
-            if name != "trl_default":
-                rows[name]["vs_trl_default"] = compare(ok["trl_default"], r, s, noise_floor)
+    by = runs_by_variant(results)
+    rows = {name: variant_row(runs, s) for name, runs in by.items()}
+    base_runs = [r for r in by.get("trl_default", []) if r.ok]
+    floor = noise_floor(base_runs, by.get("trl_default_repeat", [])) if base_runs else 0.0
+    tolerance = max(s.loss_atol, NOISE_FACTOR * floor)
+    if base_runs:
+        for name, runs in by.items():
+            if name != "trl_default" and any(r.ok for r in runs):
+                rows[name]["vs_trl_default"] = compare(base_runs, runs, s, tolerance)
     ours = rows.get("ours", {}).get("vs_trl_default", {})
-    return {"variants": rows, "loss_noise_floor": noise_floor, "loss_tolerance": max(s.loss_atol, NOISE_FACTOR * noise_floor),
+    return {"variants": rows, "repeats": 1 + max((r.repeat for r in results), default=0),
+            "run_order": [[r.name, r.repeat] for r in results], "loss_noise_floor": floor,
+            "loss_tolerance": tolerance, "loss_tolerance_rule": TOLERANCE_RULE, "speedup_goal": SPEEDUP_GOAL,
+            "meets_goal": bool(ours) and ours["speedup_step"] >= SPEEDUP_GOAL,
+            "ours_changes_vs_trl": ours.get("changes_vs_trl", []),
             "passed": bool(ours.get("equal_loss") and ours.get("same_batches"))}
 
 
@@ -386,31 +536,52 @@ def summarize(results: list[VariantResult], s: Settings) -> dict:
 
 
 def format_table(summary: dict, results: list[VariantResult]) -> str:
-    by = {r.name: r for r in results}
+    peak = {name: max(r.peak_memory_gib for r in runs) for name, runs in runs_by_variant(results).items()}
     head = (f"{'variant':<20}{'tok/s step':>12}{'tok/s e2e':>12}{'step s':>9}{'peak GiB':>10}"
             f"{'x step':>8}{'x e2e':>8}{'max|dloss|':>12}  same batches")
-    lines = [head, "-" * len(head)]
+    lines = [f"medians over {summary['repeats']} repeat(s); x = ratio of medians against trl_default", head,
+             "-" * len(head)]
     for name, row in summary["variants"].items():
-        if not row["ok"]:
+        if "throughput" not in row:
             lines.append(f"{name:<20}FAILED: {row['error'][:90]}")
             continue
         t, c = row["throughput"], row.get("vs_trl_default", {})
         lines.append(f"{name:<20}{t['tokens_per_s']:>12.0f}{t['tokens_per_s_end_to_end']:>12.0f}"
-                     f"{t['step_s_mean']:>9.3f}{by[name].peak_memory_gib:>10.2f}"
+                     f"{t['step_s_mean']:>9.3f}{peak[name]:>10.2f}"
                      f"{c.get('speedup_step', 1.0):>8.2f}{c.get('speedup_end_to_end', 1.0):>8.2f}"
                      f"{c.get('loss_max_abs_diff', 0.0):>12.2e}  {c.get('same_batches', True)}")
+    if summary["repeats"] > 1:
+        for name, row in summary["variants"].items():
+            each = " ".join("failed" if not x["ok"] else f"{x['tokens_per_s']:.0f}/{x['tokens_per_s_end_to_end']:.0f}"
+                            for x in row["repeats"])
+            lines.append(f"tok/s step/e2e per repeat {name:<20} {each}")
     for r in results:
         if r.ok:
-            lines.append(f"loss {r.name:<18} " + " ".join(f"{x:.5f}" for x in r.losses))
-    lines.append(f"loss noise floor (trl_default vs its repeat): {summary['loss_noise_floor']:.2e}; "
+            lines.append(f"loss {r.name + '#' + str(r.repeat):<22} " + " ".join(f"{x:.5f}" for x in r.losses))
+    lines.append(f"loss noise floor (trl_default vs its reruns): {summary['loss_noise_floor']:.2e}; "
                  f"tolerance {summary['loss_tolerance']:.2e}")
+    lines += change_lines(summary)
     lines.append(f"equal-loss check (ours vs trl_default): {'PASSED' if summary['passed'] else 'FAILED'}")
     return "\n".join(lines)
 
 
-def provenance() -> dict:
+def change_lines(summary: dict) -> list[str]:
+    ours = summary["variants"].get("ours", {}).get("vs_trl_default")
+    if not ours:
+        return []
+    lines = [f"ours / trl_default, median step tokens/s: {ours['speedup_step']:.2f}x (goal {SPEEDUP_GOAL}x: "
+             f"{'met' if summary['meets_goal'] else 'not met'}); end-to-end {ours['speedup_end_to_end']:.2f}x"]
+    for name, row in summary["variants"].items():  # the ablations too: which part of each gain TRL users have
+        for c in row.get("vs_trl_default", {}).get("changes_vs_trl", []):
+            what = f"a plain TRL switch, {c['trl']}" if c["plain_trl_switch"] else "not a TRL switch"
+            lines.append(f"  {name} differs from TRL's defaults by {c['ours']}: {what}"
+                         + (f" ({c['note']})" if c["note"] else ""))
+    return lines
+
+
+def provenance(extra: dict) -> dict:
     from scalelab.core.provenance import collect, package_versions
-    info = collect({"command": shlex.join([sys.executable, *sys.argv])})
+    info = collect({"command": shlex.join([sys.executable, *sys.argv]), **extra})
     info["packages"] = package_versions(("torch", "transformers", "trl", "peft", "datasets", "accelerate",
                                          "triton", "numpy"))
     info["env"] = {k: os.environ[k] for k in ENV_RECORDED if k in os.environ}
@@ -424,16 +595,65 @@ def provenance() -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# real model and pairs (parent process): resolved and checked once, before any variant runs
+
+
+def model_source(name: str) -> ModelSource:
+    from scalelab.core.errors import ScalelabError
+    from scalelab.core.hfmodel import SOURCE_FILE, materialize, sha256_file
+    from scalelab.core.models import registry
+    try:
+        folder = materialize(name)
+    except (ScalelabError, OSError, ValueError) as e:
+        raise SystemExit(f"--model {name}: {e}") from None
+    if not Path(folder).is_dir():
+        raise SystemExit(f"--model {name}: resolves to the hub id {folder!r}, not a local folder; the bench does "
+                         f"not download weights: give a registry name with a local copy or an HF folder")
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        raise SystemExit(f"--model {name}: {folder} has no config.json (not an HF model folder)")
+    pinned = getattr(registry().get(name), "gguf_sha256", "")
+    source = Path(folder) / SOURCE_FILE   # a cached GGUF conversion names the GGUF it came from
+    if not pinned and source.is_file():
+        pinned = json.loads(source.read_text()).get("gguf_sha256", "")
+    return ModelSource(name, str(Path(folder).resolve()), sha256_file(config), pinned)
+
+
+def pairs_source(path: str, s: Settings) -> PairsSource:
+    from scalelab.core.hfmodel import sha256_file
+    from scalelab.dpo.data import MalformedRow, load_pairs
+    f = Path(path)
+    if not f.is_file():
+        raise SystemExit(f"--pairs {path}: no such file (a PreferencePair jsonl, e.g. a dpo run's preferences.jsonl)")
+    try:
+        count = len(load_pairs("pairs", str(f)).pairs)
+    except MalformedRow as e:
+        raise SystemExit(f"--pairs: {e}") from None
+    needed = s.total_steps * s.batch_pairs
+    if count < needed:
+        raise SystemExit(f"--pairs {path}: {count} pairs, the run needs {needed} (batch_pairs {s.batch_pairs} x "
+                         f"(warmup_steps {s.warmup_steps} + measured_steps {s.measured_steps}))")
+    return PairsSource(str(f.resolve()), sha256_file(f), count, needed)
+
+
+# ---------------------------------------------------------------------------------------------
 # main
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, help="JSON results file")
-    p.add_argument("--tiny", action="store_true", help="tiny shape on CPU, seq 128 (smoke test)")
+    p.add_argument("--tiny", action="store_true", help="tiny settings on CPU, seq 128 (smoke test; with --model: "
+                                                       "that model at these settings)")
+    p.add_argument("--model", default="", metavar="NAME_OR_FOLDER",
+                   help="real weights: a scalelab.core.models registry name or a local HF folder; "
+                        "default: random weights of the Qwen2.5-7B shape")
+    p.add_argument("--pairs", default="", metavar="FILE",
+                   help="real preference pairs: a PreferencePair jsonl (needs --model); default: synthetic")
+    p.add_argument("--repeats", type=int, default=1, help="runs of every variant, alternating (see run_plan)")
     p.add_argument("--variants", default="", help=f"comma list from {', '.join(VARIANTS)}; default all")
     p.add_argument("--budget-s", type=float, default=450.0,
-                   help="skip ablations once this much wall time is used (the two required variants always run)")
+                   help="skip ablations once this much wall time is used (the required variants always run)")
     p.add_argument("--child-timeout-s", type=float, default=300.0)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
                    help="override a Settings field, e.g. --set measured_steps=4")
@@ -454,18 +674,53 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return s
 
 
-def run_all(names: list[str], s: Settings, budget_s: float, timeout_s: float) -> list[VariantResult]:
-    t0, results = time.perf_counter(), []
-    for name in names:
+def run_plan(names: list[str], repeats: int) -> list[tuple[str, int]]:
+    """(variant, repeat) in run order: A B, then B A, then A B ... Alternating spreads slow drift (GPU clocks and
+    temperature, page cache, a neighbour's load) over every variant instead of charging it to whichever runs
+    last; reversing each round, rather than A B A B, also cancels a drift linear in time for two variants
+    (A at positions 0 and 3, B at 1 and 2). trl_default still runs first of all."""
+    plan: list[tuple[str, int]] = []
+    for r in range(repeats):
+        plan += [(name, r) for name in (names if r % 2 == 0 else names[::-1])]
+    return plan
+
+
+def run_all(plan: list[tuple[str, int]], s: Settings, budget_s: float, timeout_s: float) -> list[VariantResult]:
+    t0, results, repeats = time.perf_counter(), [], 1 + max(r for _, r in plan)
+    for name, rep in plan:
         elapsed = time.perf_counter() - t0
         last = results[-1].wall_s if results else 0.0
         if name not in REQUIRED and elapsed + last > budget_s:
-            results.append(VariantResult(name, False, error=f"skipped: {elapsed:.0f} s of {budget_s:.0f} s used"))
+            results.append(VariantResult(name, False, repeat=rep,
+                                         error=f"skipped: {elapsed:.0f} s of {budget_s:.0f} s used"))
             continue
-        results.append(run_child(name, s, timeout_s))
+        results.append(replace(run_child(name, s, timeout_s), repeat=rep))
         r = results[-1]
-        print(f"{name}: {'ok' if r.ok else 'FAILED ' + r.error[:200]} ({r.wall_s:.0f} s)", flush=True)
+        print(f"{name} #{rep + 1}/{repeats}: {'ok' if r.ok else 'FAILED ' + r.error[:200]} ({r.wall_s:.0f} s)",
+              flush=True)
     return results
+
+
+def variant_names(args: argparse.Namespace) -> list[str]:
+    # --tiny (CPU, deterministic: no repeat needed): the baseline, the recipe and one packed layout
+    default = ("trl_default", "ours", "ours_shared_prompt") if args.tiny else tuple(VARIANTS)
+    names = [n for n in (args.variants.split(",") if args.variants else default) if n]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or "trl_default" not in names:
+        raise SystemExit(f"--variants: need trl_default; unknown {unknown}; known: {', '.join(VARIANTS)}")
+    return ["trl_default"] + [n for n in names if n != "trl_default"]  # first: warms Triton's on-disk cache
+
+
+def real_inputs(args: argparse.Namespace, s: Settings) -> tuple[Settings, ModelSource | None, PairsSource | None]:
+    if args.pairs and not args.model:
+        raise SystemExit("--pairs needs --model: the random-weight shape's word tokenizer has no chat template")
+    model = model_source(args.model) if args.model else None
+    if model:
+        s = replace(s, model_folder=model.folder)
+    pairs = pairs_source(args.pairs, s) if args.pairs else None
+    if pairs:
+        s = replace(s, pairs_file=pairs.path)
+    return s, model, pairs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -475,22 +730,23 @@ def main(argv: list[str] | None = None) -> int:
         s = Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
         child_main(args.child, s, args.child_out)
         return 0
-    s = settings_from(args)
-    # --tiny (CPU, deterministic: no repeat needed): the baseline, the recipe and one packed layout
-    default = ("trl_default", "ours", "ours_shared_prompt") if args.tiny else tuple(VARIANTS)
-    names = [n for n in (args.variants.split(",") if args.variants else default) if n]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown or "trl_default" not in names:
-        raise SystemExit(f"--variants: need trl_default; unknown {unknown}; known: {', '.join(VARIANTS)}")
-    names = ["trl_default"] + [n for n in names if n != "trl_default"]  # first: warms Triton's on-disk cache
-    results = run_all(names, s, args.budget_s, args.child_timeout_s)
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats {args.repeats}: must be >= 1")
+    names = variant_names(args)
+    s, model, pairs = real_inputs(args, settings_from(args))
+    print(f"equal-loss tolerance, fixed before the runs: {TOLERANCE_RULE}; loss_atol {s.loss_atol:g}, "
+          f"NOISE_FACTOR {NOISE_FACTOR}", flush=True)
+    results = run_all(run_plan(names, args.repeats), s, args.budget_s, args.child_timeout_s)
     summary = summarize(results, s)
     print(format_table(summary, results))
     if args.out:
         from scalelab.core.jsonio import write_json
+        inputs = {"model": asdict(model) if model else None, "pairs": asdict(pairs) if pairs else None,
+                  "repeats": args.repeats}
         write_json(args.out, {
             "schema": "scalelab.bench.dpo_throughput/1", "what": __doc__.split("\n")[0],
-            "provenance": provenance(), "settings": asdict(s), "model_shape": asdict(SHAPES[s.shape]),
+            "provenance": provenance(inputs), "settings": asdict(s), **inputs,
+            "model_shape": None if model else asdict(SHAPES[s.shape]),
             "variants_described": {n: VARIANTS[n].what for n in names}, "summary": summary,
             "results": [asdict(r) for r in results]})
     return 0 if summary["passed"] else 1
