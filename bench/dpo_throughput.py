@@ -221,13 +221,10 @@ def synthetic_rows(s: Settings, vocab: int) -> list[dict]:
 
 def pair_rows(path: str, needed: int) -> list[dict]:
     """The first `needed` pairs of a PreferencePair jsonl in file order, as the dpo job hands them to its trainer
-    (PreferencePair.to_trl: message lists, rendered by TRL with the tokenizer's chat template)."""
+    (PreferencePair.to_trl: message lists, rendered by TRL with the tokenizer's chat template). The parent's
+    pairs_source has checked the file holds that many before any variant runs."""
     from scalelab.dpo.data import load_pairs
-    pairs = load_pairs("pairs", path).pairs
-    if len(pairs) < needed:
-        raise ValueError(f"--pairs {path}: {len(pairs)} pairs, the run needs {needed} "
-                         f"(batch_pairs x (warmup_steps + measured_steps))")
-    return [p.to_trl() for p in pairs[:needed]]
+    return [p.to_trl() for p in load_pairs("pairs", path).pairs[:needed]]
 
 
 def bench_rows(s: Settings) -> list[dict]:
