@@ -11,12 +11,19 @@
     mtbench      two-turn answers judged 1-10 by an LLM (Zheng et al. 2023); "not measured" without a judge, or
                  with one that failed battery.judge_check (dpo.judge_check)
 
+The generated parts (own, target, mtbench) decode with battery.generation_backend: hf = transformers generate on
+the base with the adapter merged (dpo.generate), vllm = one vLLM server per side with the adapter on its LoRA path
+(dpo.generate_vllm). Both send the same prompt ids (chat template) and score the same way; a vllm record's spec
+names the backend (so the two never share a record) and its "engine" entry the server that answered. hf records
+and battery.json keep the keys they had before the choice existed.
+
 Files (each part's record is written when the part finishes, so a rerun resumes at part granularity):
     <run parent>/battery-base/<model key>/<part>-<spec hash>.json   the base side, shared by every run of a
                                                                     sweep (the spec holds every setting
                                                                     that decides the measurement)
     <run>/battery/tuned/<part>-<spec hash>.json                     the tuned side (spec + adapter sha256)
     <run>/battery/battery.json                                      comparisons, lengths, evidence bar
+    <side folder>/vllm-<side>-<pid>.log                             the vLLM server's log (backend vllm)
     <folder>/.locks/<part>-<hash>.lock                              held while that record is measured, so
                                                                     processes over one sweep never measure a
                                                                     shared base part twice
@@ -31,6 +38,8 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,13 +47,15 @@ from typing import Any, Callable
 
 from scalelab.core.config import to_dict
 from scalelab.core.filelock import file_lock
-from scalelab.core.hfmodel import load_causal_lm, materialize, resolve_device, resolve_dtype, sha256_file
+from scalelab.core.hfmodel import (load_causal_lm, load_tokenizer, materialize, resolve_device, resolve_dtype,
+                                   sha256_file)
 from scalelab.core.models import cache_root
 from scalelab.core.jsonio import is_stored, read_json, write_json
 from scalelab.core.rundir import RunDir
 from scalelab.dpo import battery_stats as stats
 from scalelab.dpo.config import DpoConfig
-from scalelab.dpo.generate import greedy_generate
+from scalelab.dpo.generate import Conversation, Generation, greedy_generate
+from scalelab.dpo.generate_vllm import ServerPlan, VllmGenerator, require_vllm
 from scalelab.dpo.judge_check import judge_gate, read_check
 from scalelab.dpo.mmlu_pairing import pair_mmlu
 from scalelab.evals import mtbench
@@ -92,13 +103,22 @@ def _lm_eval_parts(cfg: DpoConfig, root: str) -> dict[str, Callable[[], list[Par
                                                                   "limit": b.truthfulqa_limit})]}
 
 
+def backend_spec(cfg: DpoConfig) -> dict:
+    """The generation backend's entry of a generated part's spec: absent for hf, so the records measured before
+    the choice existed keep their keys; present for vllm, whose greedy tokens may differ from hf's by numerics,
+    so its records never stand in for hf's (or the other way round)."""
+    backend = cfg.battery.generation_backend
+    return {} if backend == "hf" else {"generation_backend": backend}
+
+
 def _generated_parts(cfg: DpoConfig, root: str) -> dict[str, Callable[[], list[Part]]]:
     b = cfg.battery
-    gen = {"max_new_tokens": b.max_new_tokens, "batch_size": b.gen_batch_size, "seed": b.seed}
+    gen = {"max_new_tokens": b.max_new_tokens, "batch_size": b.gen_batch_size, "seed": b.seed, **backend_spec(cfg)}
     name, options = target_task(cfg)
     mtbench = {"data_dir": str(Path(root) / "mt_bench"), "limit": b.mtbench_limit,
                "max_new_tokens": b.mtbench_max_new_tokens, "batch_size": b.gen_batch_size,
-               "judge_url": b.judge_url, "judge_model": b.judge_model, **judge_gate(b.judge_check)}
+               "judge_url": b.judge_url, "judge_model": b.judge_model, **judge_gate(b.judge_check),
+               **backend_spec(cfg)}
     own = [{"task": t, "options": {}} for t in b.own_tasks]
     return {"target": lambda: [Part("target", "generation", {**gen, "tasks": [{"task": name, "options": options}],
                                                             "split": b.target_split, "n": b.target_n})],
@@ -150,7 +170,8 @@ def request_cache_dir(cfg: DpoConfig, run_dir: Path) -> Path | None:
 
 @dataclass
 class Side:
-    """Where one side's part records live, and its generation model, loaded on first need."""
+    """Where one side's part records live, and its generator (battery.generation_backend: the HF model, or a
+    vLLM server), loaded on first need."""
     name: str                           # base | tuned
     folder: Path
     cfg: DpoConfig
@@ -158,6 +179,7 @@ class Side:
     adapter_sha256: str | None = None
     request_cache: Path | None = None   # lm-eval parts: request_cache_dir
     _model: tuple | None = field(default=None, repr=False)
+    _vllm: VllmGenerator | None = field(default=None, repr=False)
 
     def part_path(self, part: Part) -> Path:
         key = {**part.spec, **model_key(self.cfg), "adapter_sha256": self.adapter_sha256}
@@ -168,8 +190,31 @@ class Side:
             self._model = load_model(self.cfg, self.adapter)
         return self._model
 
+    def vllm(self) -> VllmGenerator:
+        if self._vllm is None:
+            self._vllm = vllm_generator(self)
+        return self._vllm
+
+    def engine(self) -> dict:
+        """The record entry naming the vLLM server that generated ({} for hf, whose records predate it)."""
+        record = self._vllm.engine_record() if self._vllm is not None else {}
+        return {"engine": record} if record else {}
+
+    def generate(self, conversations: list[Conversation], max_new_tokens: int, batch_size: int,
+                 part: str) -> list[Generation]:
+        """greedy_generate on the chosen backend; `part` names the battery part in a server's errors."""
+        if self.cfg.battery.generation_backend == "vllm":
+            return self.vllm().generate(conversations, max_new_tokens, batch_size,
+                                        what=f"battery part {part}, {self.name} side")
+        model, tokenizer = self.model()
+        return greedy_generate(model, tokenizer, conversations, max_new_tokens, batch_size)
+
     def release(self) -> None:
+        """Frees the generator: the HF model, or the vLLM server (stopped)."""
         self._model = None
+        if self._vllm is not None:
+            self._vllm.close()
+            self._vllm = None
 
 
 def load_model(cfg: DpoConfig, adapter: Path | None) -> tuple:
@@ -181,6 +226,42 @@ def load_model(cfg: DpoConfig, adapter: Path | None) -> tuple:
         from peft import PeftModel  # lazy: peft is optional (the tune extra)
         model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().eval()
     return model, tokenizer
+
+
+def vllm_python() -> str:
+    """The interpreter that starts the vLLM servers: $SCALELAB_VLLM_PYTHON (a venv of its own), else this one."""
+    return os.environ.get("SCALELAB_VLLM_PYTHON") or sys.executable
+
+
+def vllm_generator(side: Side) -> VllmGenerator:
+    """The side's vLLM server (started on the first request): the base model folder, with the adapter on
+    vLLM's LoRA path for the tuned side, and the tokenizer the HF path loads for the same model."""
+    folder, (_, dtype) = model_folder(side.cfg), eval_device_dtype(side.cfg)
+    trust = side.cfg.model.trust_remote_code
+    plan = ServerPlan(folder, side.folder / f"vllm-{side.name}-{os.getpid()}.log", side.adapter, dtype,
+                      vllm_python(), trust_remote_code=trust)
+    release_cuda_cache()
+    return VllmGenerator(plan, load_tokenizer(str(folder), None, trust))
+
+
+def release_cuda_cache() -> None:
+    """Hands this process's cached CUDA blocks (lm-eval's model ran here) back to the driver: vLLM refuses to
+    start when less than its share of the GPU is free."""
+    import gc
+
+    import torch
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def require_backend(sides: dict[str, Side], plans: dict[str, list[Part]]) -> None:
+    """With generation_backend vllm: checked before any part runs (lm-eval parts can take hours), that the
+    servers can start, when some generated part is still to be measured."""
+    pending = [f"{s.name} {p.name}" for s in sides.values() for p in plans[s.name]
+               if p.kind != "lm_eval" and s.cfg.battery.generation_backend == "vllm" and not is_stored(s.part_path(p))]
+    if pending:
+        require_vllm(vllm_python(), f"battery.generation_backend='vllm' (parts to measure: {', '.join(pending)})")
 
 
 def model_folder(cfg: DpoConfig) -> Path:
@@ -252,8 +333,7 @@ def measure_generation(part: Part, side: Side) -> dict:
     """One greedy_generate over every example of the part; per example its score (and the strict reading where
     the prompt asked for an answer marker), length and limit flag."""
     s, pairs = part.spec, generation_examples(part)
-    model, tokenizer = side.model()
-    gens = greedy_generate(model, tokenizer, [ex.prompt for _, ex in pairs], s["max_new_tokens"], s["batch_size"])
+    gens = side.generate([ex.prompt for _, ex in pairs], s["max_new_tokens"], s["batch_size"], part.name)
     rows = []
     for (task, ex), g in zip(pairs, gens):
         sc = task.score(ex, g.text)
@@ -269,15 +349,14 @@ def measure_generation(part: Part, side: Side) -> dict:
         if part.name == "target" and mine and all(r["strict"] is not None for r in mine):
             scores["target_strict"] = {"metric": "strict", "binary": True, "task": t["task"], "split": s["split"],
                                        "values": {r["id"]: float(r["strict"]) for r in mine}}
-    return {"examples": rows, "scores": scores}
+    return {"examples": rows, "scores": scores, **side.engine()}
 
 
 def recording_generate(side: Side, max_new_tokens: int, batch_size: int, log: Path) -> Callable:
-    """An MT-Bench GenerateFn on greedy_generate that appends each reply's length to `log` (jsonl)."""
+    """An MT-Bench GenerateFn on the side's generator that appends each reply's length to `log` (jsonl)."""
 
     def generate(conversations: list[list[dict]]) -> list[str]:
-        model, tokenizer = side.model()
-        gens = greedy_generate(model, tokenizer, conversations, max_new_tokens, batch_size)
+        gens = side.generate(conversations, max_new_tokens, batch_size, "mtbench")
         with open(log, "a") as f:
             for c, g in zip(conversations, gens):
                 f.write(json.dumps({"conversation_sha": _sha(c), "n_tokens": g.n_tokens,
@@ -300,7 +379,7 @@ def measure_mtbench(part: Part, side: Side) -> dict:
     r = mtbench.run_mtbench(recording_generate(side, s["max_new_tokens"], s["batch_size"], log), s["data_dir"], judge,
                     limit=s["limit"] or None, out_dir=out)
     lengths = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
-    return {"result": mtbench.result_dict(r), "lengths": lengths, "files": str(out)}
+    return {"result": mtbench.result_dict(r), "lengths": lengths, "files": str(out), **side.engine()}
 
 
 MEASURE: dict[str, Callable[[Part, Side], dict]] = {
@@ -360,6 +439,7 @@ def run_battery(cfg: DpoConfig, run_dir: str | Path, side: str = "both") -> dict
                               request_cache=requests)
     if side == "tuned":
         del sides["base"]
+    require_backend(sides, plans)
     t0 = time.perf_counter()
     rd.log_event("battery_start", parts=[p.name for p in plans["tuned"]],
                  base_cache=str(base_cache_dir(cfg, run_dir)),
@@ -369,10 +449,12 @@ def run_battery(cfg: DpoConfig, run_dir: str | Path, side: str = "both") -> dict
     # this side is done (each part waits on the other's lock rather than measuring twice)
     for s in sorted(sides.values(), key=lambda s: s.name != "tuned"):
         s.folder.mkdir(parents=True, exist_ok=True)
-        # lm-eval parts first: our generation model is loaded only after them, never beside lm-eval's copy
-        for part in sorted(plans[s.name], key=lambda p: p.kind != "lm_eval"):
-            records[(s.name, part.name)] = run_part(part, s, rd)
-        s.release()
+        try:
+            # lm-eval parts first: our generation model is loaded only after them, never beside lm-eval's copy
+            for part in sorted(plans[s.name], key=lambda p: p.kind != "lm_eval"):
+                records[(s.name, part.name)] = run_part(part, s, rd)
+        finally:
+            s.release()  # also on a failure: a vLLM server runs in its own session and outlives this process
     if side != "both":
         rd.log_event("battery_side_end", side=side, wall_s=time.perf_counter() - t0)
         return None
@@ -421,12 +503,20 @@ def summarize(cfg: DpoConfig, run_dir: Path, plans: dict[str, list[Part]], recor
     by_name = {s: {p.name: p for p in plans[s]} for s in sides}
     out = {"version": BATTERY_VERSION, "run": run_dir.name, "base_model": cfg.model.name,
            "adapter_sha256": sides["tuned"].adapter_sha256, "base_cache": str(sides["base"].folder),
-           "config": to_dict(b), "target": dict(zip(("task", "options"), target_task(cfg))),
+           "config": config_record(cfg), "target": dict(zip(("task", "options"), target_task(cfg))),
            "parts": {p.name: {s: str(sides[s].part_path(by_name[s][p.name])) for s in sides} for p in parts},
            "wall_s": {p.name: {s: records[(s, p.name)].get("wall_s") for s in sides} for p in parts},
            "comparisons": comparisons, "mtbench": mt, "mtbench_max_drop": b.mtbench_max_drop,
            "lengths": lengths_from_records(parts, records, mt["status"] == stats.MEASURED)}
     return {**out, "evidence": stats.evidence_block(out)}
+
+
+def config_record(cfg: DpoConfig) -> dict:
+    """battery.json's copy of the battery settings; generation_backend only when not hf, as backend_spec."""
+    out = to_dict(cfg.battery)
+    if cfg.battery.generation_backend == "hf":
+        del out["generation_backend"]
+    return out
 
 
 def mtbench_block(base: dict | None, tuned: dict | None) -> dict:

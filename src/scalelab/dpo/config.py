@@ -177,7 +177,14 @@ class BatteryConfig:
     mtbench_limit: int = param(0, "MT-Bench questions; 0 = all 80", ge=0)
     max_new_tokens: int = param(256, "greedy generation limit, own and target tasks", ge=1)
     mtbench_max_new_tokens: int = param(1024, "greedy generation limit per MT-Bench turn", ge=1)
-    gen_batch_size: int = param(16, "prompts per generate call (left-padded, sorted by length)", ge=1)
+    gen_batch_size: int = param(16, "prompts per generate call (left-padded, sorted by length); with "
+                                    "generation_backend 'vllm', requests in flight", ge=1)
+    generation_backend: Literal["hf", "vllm"] = param(
+        "hf", "what decodes own, target and MT-Bench: hf = transformers generate on base + adapter merged; vllm = "
+              "a vLLM server per side (dpo.generate_vllm; started by $SCALELAB_VLLM_PYTHON, else this python), "
+              "continuously batched, the adapter served on vLLM's LoRA path so no merged copy is written; same "
+              "prompts, limits and scoring, but its records are kept apart from hf's (greedy decoding may differ "
+              "by numerics)")
     judge_url: str = param("", "OpenAI-compatible base URL of the MT-Bench judge; '' = MT-Bench not measured")
     judge_model: str = param("", "judge model name; '' = MT-Bench not measured")
     judge_check: str = param("", "a judge_check.json (scalelab dpo judge-check); when set and it found the judge "
