@@ -1,6 +1,6 @@
 """The tracked tree stays small enough to travel with every call to the GPU machine (~60 MiB a call, tree
-included): under 13 MB in all (each real-model run keeps every item's generation, ~1 MB gzipped; at 13 MB a
-call still carries 45 MiB of a chunked file), and no bulky per-record JSON left uncompressed (scalelab.core.recordgz packs them)."""
+included): under 15 MB in all (each real-model run keeps every item's generation, ~1 MB gzipped; at 15 MB a
+call still carries 43 MiB of a chunked file), and no bulky per-record JSON left uncompressed (scalelab.core.recordgz packs them)."""
 from __future__ import annotations
 
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-MAX_TREE_BYTES = 13_000_000
+MAX_TREE_BYTES = 15_000_000
 MAX_PLAIN_RECORD_BYTES = 100_000
 
 
@@ -25,7 +25,7 @@ def tracked_sizes() -> dict[str, int]:
     return {n: (REPO / n).stat().st_size for n in names if (REPO / n).is_file()}
 
 
-def test_tracked_tree_under_13_mb():
+def test_tracked_tree_under_15_mb():
     sizes = tracked_sizes()
     total = sum(sizes.values())
     biggest = sorted(sizes, key=sizes.get, reverse=True)[:5]
