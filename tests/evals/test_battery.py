@@ -4,6 +4,8 @@ share below is computed by hand; the second run asks the server nothing; bad inp
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -265,3 +267,31 @@ def test_bad_input_names_what_and_where(model_dir, tmp_path, capsys):
     assert main(["evals", "battery", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path),
                  "--tasks", "toolcall_args"]) == 2
     assert "no-model" in capsys.readouterr().err
+
+
+def test_a_second_battery_on_the_same_folder_fails_at_once_naming_the_holder(examples, model_dir, shared_data,
+                                                                             tmp_path, capsys):
+    out = tmp_path / "out"
+    lock = out / ".locks" / "battery.lock"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(lock)], stdout=subprocess.PIPE, text=True)
+    fake = FakeChat(scripted(examples))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert battery(fake, model_dir, out, shared_data) == 2
+        err = error_line(capsys)
+        assert f"evals battery --out {out}: another process (pid {holder.pid}) holds {lock}" in err
+        assert fake.chat_requests == 0 and not (out / "battery.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert battery(fake, model_dir, out, shared_data) == 0     # the kernel dropped the dead holder's lock
+    assert fake.chat_requests == LIMIT and lock.read_text() == ""
+    fake.close()
+
+
+LOCK_HOLDER = """import sys, time
+from scalelab.core.filelock import exclusive_or_fail
+with exclusive_or_fail(sys.argv[1], "holder"):
+    print("held", flush=True)
+    time.sleep(60)
+"""

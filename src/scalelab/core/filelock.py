@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import time
 from pathlib import Path
 from typing import Callable, Iterator
+
+from scalelab.core.errors import ScalelabError
 
 
 @contextlib.contextmanager
@@ -21,6 +24,36 @@ def file_lock(path: str | Path) -> Iterator[float]:
         try:
             yield time.perf_counter() - t0
         finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class LockHeld(ScalelabError, RuntimeError):
+    """Another process holds the lock that exclusive_or_fail asked for."""
+
+
+@contextlib.contextmanager
+def exclusive_or_fail(path: str | Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on `path` without waiting: a second writer of one folder (a command started twice on
+    the same output) fails at once with a LockHeld naming `what`, the lock file and the holder's pid, instead of
+    interleaving its records with the first one's. The pid is written into the lock file while it is held."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            raise LockHeld(f"{what}: another process (pid {holder}) holds {path}; wait for it to end or stop "
+                           "it") from None
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(str(os.getpid()))
+            fh.flush()
+            yield
+        finally:
+            fh.truncate(0)
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 
 from scalelab.core import errors, models, provenance
 from scalelab.core.engines import EngineSpec, FlagValue, RunningServer, engine_start_lock
+from scalelab.core.filelock import exclusive_or_fail
 from scalelab.core.gguf_cache import SOURCE_FILE
 from scalelab.core.http import get_json
 from scalelab.core.jsonio import read_json, write_json
@@ -225,7 +226,14 @@ def write_battery(cfg: BatteryConfig, model: ModelInfo, folder: BatteryFolder, s
 
 
 def run_battery(cfg: BatteryConfig, say: Callable[[str], None] = lambda _: None) -> Path:
-    """Run the tasks not stored yet; battery.json and REPORT.md are rewritten after each task."""
+    """Run the tasks not stored yet; battery.json and REPORT.md are rewritten after each task. One process per
+    output folder: a second one fails at once (core.filelock.exclusive_or_fail) rather than starting a second
+    server beside the first one's and rewriting battery.json between its tasks."""
+    with exclusive_or_fail(Path(cfg.out_dir) / ".locks" / "battery.lock", f"evals battery --out {cfg.out_dir}"):
+        return _run_battery(cfg, say)
+
+
+def _run_battery(cfg: BatteryConfig, say: Callable[[str], None]) -> Path:
     start = time.perf_counter()
     folder = BatteryFolder(Path(cfg.out_dir))
     check_data(cfg.tasks, cfg.data())
