@@ -15,11 +15,16 @@
 #   bash bench/gpu_dpo_real.sh launch               start `work` in a session of its own (it outlives the call)
 #   bash bench/gpu_dpo_real.sh poll SECONDS         wait up to SECONDS (or until work ends), then results to
 #                                                    $OUT/runs.tgz (split into $OUT/runs/ chunks past 15 MiB)
+#   bash bench/gpu_dpo_real.sh stop [SECONDS]       stop the launched work: the running part as at the window's
+#                                                    end (its servers with it), no later part; `launch` refuses
+#                                                    while one runs (two parts on one GPU starve each other)
 # `work` runs PARTS in turn, each skipped when done and resumable when cut by the window (WORK_S):
 #   pairs    vLLM serves the base as "base" on port 8000 (the config's verifier.sampler_url, part of the set's
 #            manifest key) at half the GPU; `dpo data` samples 8 answers per GSM8K train question and keeps one
 #            right/wrong pair per mixed question; the server stops. Written at the end only: ~12 min, so it starts
-#            only with 15 min left. GPU ~12 min (server start ~2, ~60k answers of ~300 tokens ~10).
+#            only with 15 min left. GPU ~12 min (server start ~2, ~60k answers of ~300 tokens ~10) was the plan;
+#            measured at vLLM's default 1,024 sequences at once: 2,560 of 7,473 prompts in ~7 min (KV cache <9%
+#            used), so PAIRS_MAX_SEQS (default 2048) raises the server's --max-num-seqs.
 #   sweep    `dpo sweep --skip-trained`: the [sweep] runs one after another; a finished run is skipped, a cut one
 #            resumes from its last checkpoint (train.save_steps 50). Per DPO/IPO run ~310 steps x ~1.5 s (32 pairs
 #            x 2 x ~900 padded tokens; policy forward + backward + reference forward at ~35% of bf16 peak) + 32
@@ -47,7 +52,8 @@
 #        PARTS (default "pairs sweep battery judge hh"), SWEEP_ONLY (runs of the sweep to train now, e.g.
 #        "dpo-beta0.1,ipo-beta1"), BATTERY_JOBS (default 3; each process holds ~25 GB in lm-eval's MMLU batches
 #        and up to ~40 GB in a 256-prompt generate batch of MBPP's longest prompts: 2 if the GPU runs out),
-#        SEED (default /tmp/seed.tgz when setup left one),
+#        SEED (default /tmp/seed.tgz when setup left one), PAIRS_MAX_SEQS (default 2048), LM_EVAL_BS (the
+#        baseline's lm-eval batch, default 32: at 8 HellaSwag ran 235 requests/s),
 #        CONFIG / HH_CONFIG (the two configs), SCALELAB_GIT_SHA (the commit, as the copied tree has no .git)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
@@ -55,6 +61,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/dpo-runs}; WORK_S=${WORK_S:-1140}; DATA=${DATA:-/tmp/data}
 PARTS=${PARTS:-"pairs sweep battery judge hh"}; BATTERY_JOBS=${BATTERY_JOBS:-3}
+PAIRS_MAX_SEQS=${PAIRS_MAX_SEQS:-2048}; LM_EVAL_BS=${LM_EVAL_BS:-32}
 export SCALELAB_CACHE=${SCALELAB_CACHE:-/tmp/scalelab-cache} SCALELAB_SHARED_DATA=$DATA
 export PYTHONPATH=$PWD/src:/tmp/site:/tmp/vllm-site/site
 [[ -n ${SCALELAB_GIT_SHA:-} ]] || export SCALELAB_GIT_SHA=$(git rev-parse HEAD 2>/dev/null || echo unknown)
@@ -79,10 +86,12 @@ enough() {  # $1 = part, $2 = seconds it must have to be worth starting
   [ "$(left)" -ge "$2" ] && return 0
   echo "$1: not started, $(left) s left in this window (< $2)" >> "$LOGS/work.log"; return 1
 }
-served() {  # $1 = served name, $2 = GPU memory share, $3 = max model length, $4 = log name, then the command
-  local name=$1 mem=$2 len=$3 log=$4; shift 4
+served() {  # $1 = served name, $2 = GPU memory share, $3 = max model length, $4 = log name, then more serve
+           # options up to a "--" (or none), then the command
+  local name=$1 mem=$2 len=$3 log=$4 opts=(); shift 4
+  if [[ " $* " == *" -- "* ]]; then while [ "$1" != "--" ]; do opts+=("$1"); shift; done; shift; fi
   bounded python3 bench/gpu_dpo_real.py serve "$NAME" --served "$name" --port "$PORT" \
-    --gpu-memory-utilization "$mem" --max-model-len "$len" --log "$LOGS/vllm-$log.log" -- "$@"
+    --gpu-memory-utilization "$mem" --max-model-len "$len" --log "$LOGS/vllm-$log.log" "${opts[@]}" -- "$@"
 }
 
 # pure-Python wheels the image lacks (/work/.library/device/KINDS.md lists what it has: accelerate, peft,
@@ -140,7 +149,7 @@ provenance() {  # one record per window: the commit, the window and the knobs
 pairs() {  # the verifier set, sampled from the base through vLLM and graded by the GSM8K verifier
   done_part pairs && return 0
   enough pairs 900 || return 0
-  served base 0.5 2048 pairs python3 -m scalelab.cli dpo data --config "$CONFIG" --show 1 \
+  served base 0.5 2048 pairs --max-num-seqs "$PAIRS_MAX_SEQS" -- python3 -m scalelab.cli dpo data --config "$CONFIG" --show 1 \
     --set "run.out_dir=\"$RUNS\"" --set 'run.name="gsm8k-pairs"' --set "data.path=\"$SWEEP/preferences.jsonl\"" \
     >> "$LOGS/pairs.log" 2>&1 && mark pairs
 }
@@ -221,7 +230,7 @@ baseline() {  # the base model's own battery, each task stored when it ends (a c
   done_part baseline && return 0
   enough baseline 300 || return 0
   bounded python3 -m scalelab.cli evals battery --model "$NAME" --out "$RUNS/baseline-$NAME" --data-dir "$DATA" \
-    --tasks all --max-model-len 8192 --lm-eval-batch-size 8 >> "$LOGS/baseline.log" 2>&1 && mark baseline
+    --tasks all --max-model-len 8192 --lm-eval-batch-size "$LM_EVAL_BS" >> "$LOGS/baseline.log" 2>&1 && mark baseline
 }
 
 pack() {  # the run folders without weights, checkpoints or caches, as one archive (chunks past 15 MiB)
@@ -259,16 +268,36 @@ poll() {  # $1 = seconds to wait at most
   cat "$RUNS/work.done" 2>/dev/null || echo "work still running"
 }
 
+running() { [ -f "$RUNS/work.pid" ] && kill -0 "$(cat "$RUNS/work.pid")" 2> /dev/null; }
+
+stop() {  # $1 = seconds to wait. The work shell first (SIGTERM: no later part starts), then SIGINT to every other
+          # process of its session but `timeout` (which would forward a second one): each part stops as at the
+          # window's end, its vLLM servers with it (they run in sessions of their own, stopped by the processes
+          # that started them); SIGKILL to what is left after $1 s; then what still holds the GPU
+  local sid t=0 p
+  running || { echo "stop: no work running"; return 0; }
+  sid=$(cat "$RUNS/work.pid")
+  kill -TERM "$sid" 2> /dev/null
+  for p in $(pgrep -s "$sid"); do [ "$(ps -o comm= -p "$p")" = timeout ] || kill -INT "$p" 2> /dev/null; done
+  while pgrep -s "$sid" > /dev/null && [ "$t" -lt "$1" ]; do sleep 2; t=$((t + 2)); done
+  if pgrep -s "$sid" > /dev/null; then echo "stop: still running after $1 s, killed"; pkill -KILL -s "$sid"; fi
+  echo "work stopped by \`stop\` after $SECONDS s" > "$RUNS/work.done"
+  echo "stop: work $sid stopped after $t s; GPU: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
+  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+}
+
 case "${1:-}" in
   prep) prep "${2:-}" "${3:-}" ;;
   bundle) bash .gpu-bundle/unpack.sh | tail -1 ;;
   setup) setup "${2:?usage: bash bench/gpu_dpo_real.sh setup CHUNK_DIR}" ;;
-  launch) rm -f "$RUNS/work.done"; setsid nohup bash "$0" work > "$RUNS/work.out" 2>&1 < /dev/null &
-          sleep 2; echo "launched work (pid $!), window ${WORK_S} s" ;;
+  launch) if running; then echo "work is already running (pid $(cat "$RUNS/work.pid")): stop it first" >&2; exit 1; fi
+          rm -f "$RUNS/work.done"; setsid nohup bash "$0" work > "$RUNS/work.out" 2>&1 < /dev/null &
+          echo $! > "$RUNS/work.pid"; sleep 2; echo "launched work (pid $!), window ${WORK_S} s" ;;
+  stop) stop "${2:-90}" ;;
   work) work ;;
   judged) judged ;;
   poll) poll "${2:?usage: bash bench/gpu_dpo_real.sh poll SECONDS}" ;;
   status) python3 bench/gpu_dpo_real.py status "$RUNS" ;;
   *) echo "usage: bash bench/gpu_dpo_real.sh prep [CHUNK_DIR [SEED_TGZ]] | bundle | setup CHUNK_DIR | launch | work |" \
-          "poll SECONDS | status" >&2; exit 2 ;;
+          "poll SECONDS | stop [SECONDS] | status" >&2; exit 2 ;;
 esac

@@ -49,6 +49,9 @@ def test_server_command_uses_vllm_sampling_defaults_and_one_served_name():
                  "--served-model-name base", "--gpu-memory-utilization 0.5", "--generation-config vllm",
                  "--seed 0"):
         assert want in flags
+    assert "--max-num-seqs" not in flags   # vLLM's own default unless asked
+    more = build_command(real.server_spec("/m/qwen", "base", 8000, 0.5, 2048, python="/py", max_num_seqs=2048))
+    assert more[more.index("--max-num-seqs") + 1] == "2048"
 
 
 def test_serve_runs_the_command_while_the_server_answers_then_stops_it(tmp_path):
@@ -103,3 +106,50 @@ def test_the_script_parses_and_names_its_verbs(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path / "out"), "RUNS": str(tmp_path / "runs"), "SCALELAB_GIT_SHA": "0" * 40}
     done = subprocess.run(["bash", "bench/gpu_dpo_real.sh"], cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 2 and "prep [CHUNK_DIR [SEED_TGZ]] | bundle | setup CHUNK_DIR | launch" in done.stderr
+
+
+SLOW_PART = """#!/usr/bin/env bash
+# a part as the script runs them: a python under `timeout -s INT` that stops cleanly on SIGINT
+timeout -s INT 120 python3 -c '
+import pathlib, sys, time
+marks = pathlib.Path(sys.argv[1])
+(marks / "started").write_text("")
+try:
+    time.sleep(120)
+except KeyboardInterrupt:
+    (marks / "interrupted").write_text("")
+    sys.exit(130)
+' "$MARKS"
+"""
+
+
+def test_stop_ends_the_running_part_cleanly_and_starts_no_other(tmp_path):
+    bin_dir, marks, runs = tmp_path / "bin", tmp_path / "marks", tmp_path / "runs"
+    bin_dir.mkdir(), marks.mkdir()
+    (bin_dir / "slow_part").write_text(SLOW_PART)
+    (bin_dir / "next_part").write_text(f"#!/usr/bin/env bash\ntouch {marks}/next_started\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKS": str(marks), "RUNS": str(runs),
+           "OUT": str(tmp_path / "out"), "SCALELAB_GIT_SHA": "0" * 40, "PARTS": "slow_part next_part"}
+
+    def script(*args):
+        return subprocess.run(["bash", "bench/gpu_dpo_real.sh", *args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    assert script("launch").returncode == 0
+    for _ in range(100):
+        if (marks / "started").exists():
+            break
+        subprocess.run(["sleep", "0.1"])
+    assert (marks / "started").exists()
+    again = script("launch")
+    assert again.returncode == 1 and "already running" in again.stderr
+    stopped = script("stop", "20")
+    sid = (runs / "work.pid").read_text().strip()
+    assert "stop: work" in stopped.stdout and "killed" not in stopped.stdout
+    assert (marks / "interrupted").exists()                     # SIGINT reached the part, once, and it cleaned up
+    assert not (marks / "next_started").exists()                # no later part started
+    assert subprocess.run(["pgrep", "-s", sid], capture_output=True).returncode == 1   # nothing of it is left
+    assert (runs / "work.done").read_text().startswith("work stopped by `stop`")
+    assert "no work running" in script("stop").stdout
