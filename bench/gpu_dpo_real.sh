@@ -39,6 +39,9 @@
 #            battery.judge_check, so a failed check reads "not measured: judge too weak" (evals.mtbench's own
 #            gate runs too). GPU ~13 min (server ~2, check ~1, 2 x 160 answers ~8, ~330 ratings ~2).
 #   hh       `dpo train` on HH-RLHF harmless-base: 258 steps, its held-out reward accuracy and margin. GPU ~5 min.
+#   sampling_ab  not in the default PARTS: bench/verifier_sampling_ab.py on the first AB_PROMPTS (512) prompts of
+#            the pairs part's set, AB_VARIANTS (per-request seeds or not, --max-num-seqs, requests in flight),
+#            into $RUNS/sampling-ab/results.json. GPU ~8 min (two server starts, 4 variants x 2 runs of ~1 min).
 #   baseline not in the default PARTS: the model's own baseline battery (`evals battery --tasks all`: GSM8K on the
 #            reference protocol, MATH-500, HumanEval, MBPP, IFEval-lite, tool calls through vLLM; MMLU, TruthfulQA,
 #            ARC-e/ARC-c, HellaSwag, PIQA through lm-eval), resumable per task, into $RUNS/baseline-$NAME; from
@@ -224,6 +227,15 @@ hh() {  # HH-RLHF harmless-base, off-policy: its held-out reward accuracy and ma
   enough hh 420 || return 0
   bounded python3 -m scalelab.cli dpo train --config "$HH_CONFIG" --set "run.out_dir=\"$RUNS/hh\"" \
     --set "data.path=\"$DATA/hh-rlhf/harmless-base_test.jsonl.gz\"" >> "$LOGS/hh.log" 2>&1 && mark hh
+}
+
+sampling_ab() {  # not in the default PARTS: the pairs part's sampling under server/request settings, A B B A
+  done_part sampling_ab && return 0
+  enough sampling_ab 600 || return 0
+  bounded python3 bench/verifier_sampling_ab.py --config "$CONFIG" --model-dir "$(sl models path "$NAME")" \
+    --prompts "${AB_PROMPTS:-512}" --variants "${AB_VARIANTS:-seeded@1024,seeded@2048,unseeded@2048,seeded@2048x4}" \
+    --log-dir "$LOGS/sampling-ab" --out "$RUNS/sampling-ab/results.json" >> "$LOGS/sampling_ab.log" 2>&1 \
+    && mark sampling_ab
 }
 
 baseline() {  # the base model's own battery, each task stored when it ends (a cut window resumes)
