@@ -18,6 +18,7 @@ from pathlib import Path
 from scalelab.core.rundir import RunDir
 from scalelab.core.sections import read_manifest, write_doc
 from scalelab.dpo import battery_stats as stats
+from scalelab.dpo.base_doc import base_md
 from scalelab.dpo.evidence import render_evidence_table
 from scalelab.dpo.predict import GPU_OVERHEAD
 from scalelab.dpo.report import battery_md, lengths_md, plot_training, prediction_rows
@@ -43,6 +44,7 @@ class DocInputs:
     figures: tuple[tuple[str, str], ...] = ()   # (name, path relative to the Markdown file)
     rule: str = ""                              # the [selection] rule the runs were configured with, if any
     after_the_fact: Choice | None = None        # with a rule: the battery's best row, for comparison only
+    base: tuple[tuple[Path, str], ...] = ()     # `evals battery` folders of the real base: (folder, name printed)
 
     @property
     def featured(self) -> RunFiles:
@@ -299,9 +301,13 @@ def _throughput(d: DocInputs) -> list[str]:
     return [line for path, shown in d.throughput for line in throughput_md(path, shown)]
 
 
+def _base(d: DocInputs) -> list[str]:
+    return [line for folder, shown in d.base for line in base_md(folder, shown)]
+
+
 def render(d: DocInputs) -> str:
     return "\n".join([*_intro(d), *_setup(d), *_predicted(d), *_margins(d), *_battery(d), *_ablation(d),
-                      *_evidence(d), *_throughput(d), *_not_measured(d), *_reproduce(d)])
+                      *_evidence(d), *_base(d), *_throughput(d), *_not_measured(d), *_reproduce(d)])
 
 # ---------------------------------------------------------------------------------------------
 # figures and save
@@ -333,8 +339,9 @@ def docs(manifest: str | Path, out: Path | None = None) -> Path:
     throughput = tuple((m.path_of(t), t) for t in m.get("throughput", default=[]))
     rel = Path(m.path).resolve().relative_to(m.root.resolve()) if m.path.resolve().is_relative_to(m.root.resolve()) \
         else m.path
+    base = tuple((m.path_of(t), t) for t in m.get("base_battery", default=[]))
     d = load_inputs(m.folder("sweep"), throughput, f"scalelab dpo docs {rel}")
-    return _write(replace(d, source=Path(m.require("sweep"))), out or m.out)
+    return _write(replace(d, source=Path(m.require("sweep")), base=base), out or m.out)
 
 
 def write_docs(path: str | Path, out: str | Path) -> Path:
