@@ -21,10 +21,12 @@
 # `work` runs PARTS in turn, each skipped when done and resumable when cut by the window (WORK_S):
 #   pairs    vLLM serves the base as "base" on port 8000 (the config's verifier.sampler_url, part of the set's
 #            manifest key) at half the GPU; `dpo data` samples 8 answers per GSM8K train question and keeps one
-#            right/wrong pair per mixed question; the server stops. Written at the end only: ~12 min, so it starts
-#            only with 15 min left. GPU ~12 min (server start ~2, ~60k answers of ~300 tokens ~10) was the plan;
-#            measured at vLLM's default 1,024 sequences at once: 2,560 of 7,473 prompts in ~7 min (KV cache <9%
-#            used), so PAIRS_MAX_SEQS (default 2048) raises the server's --max-num-seqs.
+#            right/wrong pair per mixed question; the server stops. Each finished batch of 256 questions is
+#            appended to gsm8k/preferences.samples.jsonl (dpo.sample_log), so a cut window keeps them and the next
+#            resumes (4 batches in flight: verifier.concurrent_batches). Planned at ~12 min (server start ~2, ~60k
+#            answers of ~300 tokens ~10); measured at vLLM's default 1,024 sequences at once, one request at a
+#            time: 2,560 of 7,473 prompts in ~7 min (KV cache <9% used), so PAIRS_MAX_SEQS (default 2048) raises
+#            the server's --max-num-seqs.
 #   sweep    `dpo sweep --skip-trained`: the [sweep] runs one after another; a finished run is skipped, a cut one
 #            resumes from its last checkpoint (train.save_steps 50). Per DPO/IPO run ~310 steps x ~1.5 s (32 pairs
 #            x 2 x ~900 padded tokens; policy forward + backward + reference forward at ~35% of bf16 peak) + 32
@@ -151,7 +153,7 @@ provenance() {  # one record per window: the commit, the window and the knobs
 
 pairs() {  # the verifier set, sampled from the base through vLLM and graded by the GSM8K verifier
   done_part pairs && return 0
-  enough pairs 900 || return 0
+  enough pairs 300 || return 0   # server start ~2 min, then every finished batch is kept
   served base 0.5 2048 pairs --max-num-seqs "$PAIRS_MAX_SEQS" -- python3 -m scalelab.cli dpo data --config "$CONFIG" --show 1 \
     --set "run.out_dir=\"$RUNS\"" --set 'run.name="gsm8k-pairs"' --set "data.path=\"$SWEEP/preferences.jsonl\"" \
     >> "$LOGS/pairs.log" 2>&1 && mark pairs

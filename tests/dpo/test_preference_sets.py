@@ -11,7 +11,7 @@ import pytest
 from scalelab.dpo.config import VerifierConfig
 from scalelab.dpo.data import (MalformedRow, PreferencePair, hash_fraction, load_pairs, skip_reasons, split_by_hash,
                                write_pairs_jsonl)
-from scalelab.dpo.samplers import CompletionsSampler, Sample
+from scalelab.dpo.samplers import CompletionsSampler, Sample, batch_seed
 from scalelab.dpo.verifier_pairs import build_verifier_set, choose_examples, length_diff_summary
 from scalelab.evals.tasks import get_task
 
@@ -20,15 +20,20 @@ A = lambda text: {"role": "assistant", "content": text}   # noqa: E731
 
 
 class ScriptedSampler:
-    """Fixed completions per prompt (by position); a completion's token count is its number of words."""
+    """Fixed completions per prompt (by position: the batch's seed names its first prompt); a completion's token
+    count is its number of words."""
 
     def __init__(self, groups):
         self.groups, self.calls = groups, []
 
-    def __call__(self, prompts, cfg, on_batch=None):
+    def batch(self, prompts, cfg, seed):
+        start = seed - batch_seed(cfg, 0)
         self.calls.append(len(prompts))
-        assert len(prompts) == len(self.groups) and all(len(g) == cfg.samples_per_prompt for g in self.groups)
-        return [[Sample(t, len(t.split())) for t in g] for g in self.groups]
+        assert all(len(g) == cfg.samples_per_prompt for g in self.groups)
+        return [[Sample(t, len(t.split())) for t in g] for g in self.groups[start:start + len(prompts)]]
+
+    def workers(self, cfg):
+        return 1
 
 
 def gsm8k_cfg(**kw) -> VerifierConfig:

@@ -58,6 +58,10 @@ class VerifierConfig:
                                  "compatible vLLM server serving the base model (vLLM on the GPU: n = k samples "
                                  "per request)")
     sampler_model: str = param("", "model name the server serves it under; '' = model.name")
+    concurrent_batches: int = param(1, "server sampler: batch requests in flight at once, so the server's "
+                                       "continuous batching has work while one request waits for its longest "
+                                       "answer; not part of the set's manifest key. HF generate: ignored (one "
+                                       "batch at a time)", ge=1)
 
     def validate(self) -> None:
         if not isinstance(self.task_options, dict):

@@ -31,7 +31,8 @@ from scalelab.dpo.report import write_run_report
 from scalelab.dpo.runfiles import results_from_run, this_training
 from scalelab.dpo.samplers import HFSampler, Sampler, server_sampler
 from scalelab.dpo.sweep_plan import PlannedRun, planned_runs
-from scalelab.dpo.verifier_pairs import build_verifier_set, manifest_key, manifest_path, reusable, write_verifier_set
+from scalelab.dpo.verifier_pairs import (build_verifier_set, manifest_key, manifest_path, reusable, sample_log_for,
+                                         write_verifier_set)
 from scalelab.evals.tasks import get_task
 
 # ---------------------------------------------------------------------------------------------
@@ -59,13 +60,14 @@ def make_sampler(cfg: DpoConfig, load_model: Callable[[], tuple]) -> Sampler:
 
 
 def verifier_jsonl(cfg: DpoConfig, rd: RunDir, load_model: Callable[[], tuple]) -> tuple[Path, dict]:
-    """The verifier-built set for this config: reused when its manifest matches, else sampled and written."""
+    """The verifier-built set for this config: reused when its manifest matches, else sampled (resuming from the
+    side file of a build cut short: dpo.sample_log) and written."""
     path = Path(cfg.data.path) if cfg.data.path else rd.path / "preferences.jsonl"
     key = manifest_key(cfg.model.name, cfg.verifier)
     if not (cfg.verifier.reuse and reusable(path, key)):
         task = get_task(cfg.verifier.task, **cfg.verifier.task_options)
         pairs, summary = build_verifier_set(make_sampler(cfg, load_model), task, cfg.verifier,
-                                            on_batch=_print_sampling)
+                                            on_batch=_print_sampling, log=sample_log_for(path, key))
         write_verifier_set(path, pairs, summary, key)
         rd.log_event("verifier_set", path=str(path), **asdict(summary))
     manifest = read_json(manifest_path(path))

@@ -6,7 +6,9 @@ A prompt whose k answers are all right or all wrong gives no pair (no preference
 such prompts is reported, since it sets how many prompts must be sampled for a given number of pairs.
 
 Output: <file>.jsonl of PreferencePair records + <file>.manifest.json (task, model, sampling settings,
-counts, sha256 of the jsonl, provenance), so a run records exactly which set it trained on.
+counts, sha256 of the jsonl, provenance), so a run records exactly which set it trained on. While sampling, each
+finished batch goes to <file>.samples.jsonl (dpo.sample_log), so a build cut short resumes where it stopped; it
+stays beside the set, every sampled answer with its token count (the all-right and all-wrong groups too).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from scalelab.core.hfmodel import sha256_file
 from scalelab.core.jsonio import is_stored, read_bytes, read_json, write_json
 from scalelab.dpo.config import VerifierConfig
 from scalelab.dpo.data import PreferencePair, write_pairs_jsonl
+from scalelab.dpo.sample_log import SampleLog, key_hash, sample_logged
 from scalelab.dpo.samplers import HFSampler, OnBatch, Sampler
 
 MANIFEST_VERSION = 1
@@ -40,8 +43,10 @@ class VerifierSetSummary:
     prompts_all_wrong: int
     prompts_informative: int        # at least one right and one wrong answer
     n_pairs: int
-    sample_s: float                 # wall time of generation
+    sample_s: float                 # wall time of this process's sampling (batches loaded from the side file: none)
     length_diff: dict | None = None  # chosen - rejected tokens over the pairs (length_diff_summary)
+    batches_loaded: int = 0         # from the side file of a build cut short (dpo.sample_log)
+    batches_sampled: int = 0        # sampled by this process
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,18 +144,21 @@ def choose_examples(task, cfg: VerifierConfig) -> list:
     return examples
 
 
-def build_verifier_set(sampler: Sampler, task, cfg: VerifierConfig, on_batch: OnBatch | None = None
-                       ) -> tuple[list[PreferencePair], VerifierSetSummary]:
-    """Sample k answers per prompt with `sampler` (dpo.samplers), grade them with the task's verifier, pair."""
+def build_verifier_set(sampler: Sampler, task, cfg: VerifierConfig, on_batch: OnBatch | None = None,
+                       log: SampleLog | None = None) -> tuple[list[PreferencePair], VerifierSetSummary]:
+    """Sample k answers per prompt with `sampler` (dpo.samplers), grade them with the task's verifier, pair. With
+    `log` (sample_log_for) each finished batch is appended to the side file, and the batches it holds already are
+    not sampled again: a resumed build gives the pairs an uninterrupted one would from the same samples."""
     examples = choose_examples(task, cfg)
     t0 = time.perf_counter()
-    samples = sampler([ex.prompt for ex in examples], cfg, on_batch)
+    samples, loaded, sampled = sample_logged(sampler, examples, cfg, log, on_batch)
     sample_s = time.perf_counter() - t0
     texts = [[s.text for s in group] for group in samples]
     pairs, counts = build_pairs(examples, texts, grade(task, examples, texts), cfg.pairs_per_prompt, cfg.seed,
                                 [[s.n_tokens for s in group] for group in samples])
     summary = VerifierSetSummary(cfg.task, cfg.split, len(examples), cfg.samples_per_prompt, n_pairs=len(pairs),
-                                 sample_s=round(sample_s, 2), length_diff=length_diff_summary(pairs), **counts)
+                                 sample_s=round(sample_s, 2), length_diff=length_diff_summary(pairs),
+                                 batches_loaded=loaded, batches_sampled=sampled, **counts)
     return pairs, summary
 
 
@@ -159,13 +167,34 @@ def manifest_path(jsonl: str | Path) -> Path:
     return jsonl.with_name(jsonl.name.removesuffix(".jsonl") + ".manifest.json")
 
 
+def samples_path(jsonl: str | Path) -> Path:
+    """The raw samples' side file (dpo.sample_log) beside the set."""
+    jsonl = Path(jsonl)
+    return jsonl.with_name(jsonl.name.removesuffix(".jsonl") + ".samples.jsonl")
+
+
 def manifest_key(model_name: str, cfg: VerifierConfig) -> dict:
     """What must match for a saved set to be reused: the model and every sampling setting. The sampler fields
-    enter only when set, so sets built before they existed (HF generate) stay reusable."""
+    enter only when set, so sets built before they existed (HF generate) stay reusable; concurrent_batches never
+    does, as how many requests are in flight changes how fast the samples come, not which are asked for."""
     verifier = asdict(cfg) | {"reuse": None}
     for unset in [k for k in ("sampler_url", "sampler_model") if not verifier[k]]:
         del verifier[unset]
+    del verifier["concurrent_batches"]
     return {"version": MANIFEST_VERSION, "model": model_name, "verifier": verifier}
+
+
+def sample_log_for(jsonl: str | Path, key: dict) -> SampleLog:
+    """The side file for building `jsonl` under `key`. One left under other settings by the finished set at `jsonl`
+    (its manifest has that key) holds that set's raw samples and is replaced with it, as the set is rebuilt; one
+    under other settings and no finished set of them is a build cut short, which SampleLog.load refuses to mix."""
+    log, mpath = SampleLog(samples_path(jsonl), key_hash(key)), manifest_path(jsonl)
+    if log.path.is_file() and mpath.is_file():
+        manifest = read_json(mpath)
+        finished = key_hash({k: manifest.get(k) for k in key})
+        if finished != log.key and log.first_key() == finished:
+            log.path.unlink()
+    return log
 
 
 def write_verifier_set(path: str | Path, pairs: list[PreferencePair], summary: VerifierSetSummary,
