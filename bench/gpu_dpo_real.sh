@@ -43,7 +43,12 @@
 #   hh       `dpo train` on HH-RLHF harmless-base: 258 steps, its held-out reward accuracy and margin. GPU ~5 min.
 #   sampling_ab  not in the default PARTS: bench/verifier_sampling_ab.py on the first AB_PROMPTS (512) prompts of
 #            the pairs part's set, AB_VARIANTS (per-request seeds or not, --max-num-seqs, requests in flight),
-#            into $RUNS/sampling-ab/results.json. GPU ~8 min (two server starts, 4 variants x 2 runs of ~1 min).
+#            into $RUNS/sampling-ab/results.json, AB_PREDICT (ratios to the first variant) written before it
+#            runs. GPU ~8 min (two server starts, 4 variants x 2 runs of ~1 min). The default predictions: a step
+#            of 1,024 seeded sequences took ~60 ms (17k tok/s), where the weights and KV reads of a 1.5B need ~10;
+#            if vLLM's per-row seeded noise loop is the rest (~50 us a sequence), 2,048 seeded sequences gain
+#            little (1.1x), dropping the seeds gains most (2.5x), and 4 requests in flight remove each request's
+#            drained tail (1.2x).
 #   baseline not in the default PARTS: the model's own baseline battery (`evals battery --tasks all`: GSM8K on the
 #            reference protocol, MATH-500, HumanEval, MBPP, IFEval-lite, tool calls through vLLM; MMLU, TruthfulQA,
 #            ARC-e/ARC-c, HellaSwag, PIQA through lm-eval), resumable per task, into $RUNS/baseline-$NAME; from
@@ -236,6 +241,7 @@ sampling_ab() {  # not in the default PARTS: the pairs part's sampling under ser
   enough sampling_ab 600 || return 0
   bounded python3 bench/verifier_sampling_ab.py --config "$CONFIG" --model-dir "$(sl models path "$NAME")" \
     --prompts "${AB_PROMPTS:-512}" --variants "${AB_VARIANTS:-seeded@1024,seeded@2048,unseeded@2048,seeded@2048x4}" \
+    --predict "${AB_PREDICT:-seeded@2048=1.1,unseeded@2048=2.5,seeded@2048x4=1.2}" \
     --log-dir "$LOGS/sampling-ab" --out "$RUNS/sampling-ab/results.json" >> "$LOGS/sampling_ab.log" 2>&1 \
     && mark sampling_ab
 }

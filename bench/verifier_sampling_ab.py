@@ -158,6 +158,31 @@ def summarize(runs: Sequence[Run]) -> list[dict]:
     return rows
 
 
+def parse_predictions(text: str) -> dict[str, float]:
+    """VARIANT=RATIO,... (each ratio: predicted tokens/s over the first variant's), variant names normalized."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, eq, ratio = item.partition("=")
+        try:
+            out[parse_variant(name).name] = float(ratio)
+        except ValueError:
+            raise ValueError(f"prediction {item!r}: expected VARIANT=RATIO, e.g. unseeded@2048=2.5") from None
+        if not eq or out[parse_variant(name).name] <= 0:
+            raise ValueError(f"prediction {item!r}: expected VARIANT=RATIO with a ratio > 0")
+    return out
+
+
+def beside(rows: list[dict], predicted: dict[str, float]) -> list[dict]:
+    """Each row with its predicted ratio to the first variant (None where none was written) and measured/predicted."""
+    out = []
+    for r in rows:
+        want = predicted.get(r["variant"])
+        ok = want is not None and r["vs_first"] is not None
+        out.append({**r, "predicted_vs_first": want,
+                    "measured_over_predicted": round(r["vs_first"] / want, 3) if ok else None})
+    return out
+
+
 def workload(config: Path, model_dir: str, n_prompts: int) -> Workload:
     """The config's verifier prompts (the first n of its chosen examples), rendered and graded as the set's."""
     from scalelab.dpo.config import load_dpo_config
@@ -188,9 +213,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/sampling-ab-logs"))
+    p.add_argument("--predict", default="", help="VARIANT=RATIO,...: tokens/s over the first variant's, "
+                   "written to --out before the first server starts")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     variants = [parse_variant(t) for t in a.variants.split(",")]
+    predicted = parse_predictions(a.predict)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.with_name("predictions.json").write_text(json.dumps({"predicted_vs_first": predicted, "first":
+                                                               variants[0].name, "written_unix": time.time()},
+                                                              indent=1) + "\n")
     w = workload(a.config, a.model_dir, a.prompts)
     runs: list[Run] = []
     a.log_dir.mkdir(parents=True, exist_ok=True)
@@ -203,15 +235,15 @@ def main(argv: list[str] | None = None) -> int:
             for v in order:
                 runs.append(measure(server.url, w, v))
                 print(json.dumps(asdict(runs[-1]) | {"tokens_per_s": round(runs[-1].tokens_per_s, 1)}), flush=True)
-    rows = summarize(runs)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
+    rows = beside(summarize(runs), predicted)
     a.out.write_text(json.dumps({"config": str(a.config), "prompts": len(w.prompts), "k": w.k,
                                  "batch_prompts": w.batch_prompts, "max_tokens": w.max_tokens, "rows": rows,
                                  "runs": [asdict(r) for r in runs], "command": " ".join(sys.argv),
                                  "provenance": collect()}, indent=1) + "\n")
     for r in rows:
         print(f"{r['variant']:22s} {r['median_tokens_per_s']:>10,.0f} tok/s  x{r['vs_first']}  "
-              f"wall {r['median_wall_s']} s  correct {r['correct_share']:.3f}  hit {r['hit_limit_share']:.3f}")
+              f"(predicted x{r['predicted_vs_first']})  wall {r['median_wall_s']} s  correct "
+              f"{r['correct_share']:.3f}  hit {r['hit_limit_share']:.3f}")
     return 0
 
 

@@ -97,3 +97,15 @@ def test_summary_medians_shares_and_ratio_to_the_first_variant():
     assert rows["b"]["median_tokens_per_s"] == 225.0 and rows["b"]["vs_first"] == 3.0
     assert rows["a"]["hit_limit_share"] == 0.2 and rows["b"]["correct_share"] == 0.5
     assert rows["a"]["mean_tokens_per_sequence"] == 10.0 and rows["a"]["median_wall_s"] == 15.0
+
+
+def test_predictions_parse_and_sit_beside_the_measured_ratios():
+    predicted = ab.parse_predictions("unseeded@2048=2.5, seeded@2048x4=1.2")
+    assert predicted == {"unseeded@2048x1": 2.5, "seeded@2048x4": 1.2}
+    for bad in ("unseeded@2048", "unseeded@2048=x", "unseeded@2048=0", "odd@1=1"):
+        with pytest.raises(ValueError, match="prediction"):
+            ab.parse_predictions(bad)
+    rows = ab.beside([{"variant": "seeded@1024x1", "vs_first": 1.0}, {"variant": "unseeded@2048x1", "vs_first": 2.0}],
+                     predicted)
+    assert rows[0]["predicted_vs_first"] is None and rows[0]["measured_over_predicted"] is None
+    assert rows[1]["predicted_vs_first"] == 2.5 and rows[1]["measured_over_predicted"] == 0.8
