@@ -26,7 +26,9 @@
 #            resumes (4 batches in flight: verifier.concurrent_batches). Planned at ~12 min (server start ~2, ~60k
 #            answers of ~300 tokens ~10); measured at vLLM's default 1,024 sequences at once, one request at a
 #            time: 2,560 of 7,473 prompts in ~7 min (KV cache <9% used), so PAIRS_MAX_SEQS (default 2048) raises
-#            the server's --max-num-seqs.
+#            the server's --max-num-seqs. Should sampling_ab show the per-request seeds cost most of the time,
+#            set verifier.request_seeds = false in CONFIG itself (not by --set here: the sweep finds the set by
+#            the config's manifest key).
 #   sweep    `dpo sweep --skip-trained`: the [sweep] runs one after another; a finished run is skipped, a cut one
 #            resumes from its last checkpoint (train.save_steps 50). Per DPO/IPO run ~310 steps x ~1.5 s (32 pairs
 #            x 2 x ~900 padded tokens; policy forward + backward + reference forward at ~35% of bf16 peak) + 32

@@ -176,7 +176,7 @@ class SlowVLLM(BaseHTTPRequestHandler):
             cls.most = max(cls.most, cls.in_flight)
             cls.bodies.append(body)
         time.sleep(cls.delays[first])
-        choices = [{"index": p * body["n"] + j, "text": f"p{ids[0]} s{j} seed{body['seed']}",
+        choices = [{"index": p * body["n"] + j, "text": f"p{ids[0]} s{j} seed{body.get('seed')}",
                     "token_ids": [7] * j + [99]} for p, ids in enumerate(body["prompt"]) for j in range(body["n"])]
         with cls.lock:
             cls.in_flight -= 1  # before the reply: the client can send its next request only after reading it
@@ -252,3 +252,14 @@ def test_concurrent_batches_leaves_the_manifest_key_unchanged():
     assert (gsm.concurrent_batches, gsm.batch_prompts) == (4, 256)
     assert manifest_key("q", gsm) == manifest_key("q", replace(gsm, concurrent_batches=1))
     assert "concurrent_batches" not in manifest_key("q", gsm)["verifier"]
+
+
+def test_request_seeds_off_sends_no_seed_and_enters_the_key(tmp_path, slow_vllm):
+    cfg = VerifierConfig(num_prompts=4, samples_per_prompt=2, batch_prompts=2, seed=5, request_seeds=False)
+    samples, _, _ = sample_logged(slow_vllm, ModThree(4).examples, cfg, None)
+    assert [b.get("seed", "absent") for b in SlowVLLM.bodies] == ["absent", "absent"]
+    assert samples[0][0].text == "p0 s0 seedNone"
+    seeded = replace(cfg, request_seeds=True)
+    assert manifest_key("m", cfg)["verifier"]["request_seeds"] is False   # a set drawn without seeds says so
+    assert "request_seeds" not in manifest_key("m", seeded)["verifier"]   # seeded: the key sets had before
+    assert manifest_key("m", cfg) != manifest_key("m", seeded)

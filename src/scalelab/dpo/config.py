@@ -62,6 +62,11 @@ class VerifierConfig:
                                        "continuous batching has work while one request waits for its longest "
                                        "answer; not part of the set's manifest key. HF generate: ignored (one "
                                        "batch at a time)", ge=1)
+    request_seeds: bool = param(True, "server sampler: each request carries its batch's seed, so a rerun draws "
+                                      "the same samples; false = the server's own seed only (vLLM draws every "
+                                      "seeded sequence's noise with its own generator, row by row, which can "
+                                      "dominate a step at large batches; the samples then depend on the "
+                                      "server's batching and a rerun or resume draws others)")
 
     def validate(self) -> None:
         if not isinstance(self.task_options, dict):

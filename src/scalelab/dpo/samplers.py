@@ -164,8 +164,9 @@ class CompletionsSampler:
     timeout_s: float = 600.0
 
     def _body(self, ids: list[list[int]], cfg: VerifierConfig, seed: int) -> dict:
-        return {"model": self.model, "prompt": ids, "n": cfg.samples_per_prompt, "temperature": cfg.temperature,
-                "top_p": cfg.top_p, "max_tokens": cfg.max_new_tokens, "seed": seed, "return_token_ids": True}
+        body = {"model": self.model, "prompt": ids, "n": cfg.samples_per_prompt, "temperature": cfg.temperature,
+                "top_p": cfg.top_p, "max_tokens": cfg.max_new_tokens, "return_token_ids": True}
+        return body | {"seed": seed} if cfg.request_seeds else body
 
     def batch(self, prompts: Sequence[Conversation], cfg: VerifierConfig, seed: int) -> list[list[Sample]]:
         body = self._body([self.render(p) for p in prompts], cfg, seed)

@@ -175,12 +175,15 @@ def samples_path(jsonl: str | Path) -> Path:
 
 def manifest_key(model_name: str, cfg: VerifierConfig) -> dict:
     """What must match for a saved set to be reused: the model and every sampling setting. The sampler fields
-    enter only when set, so sets built before they existed (HF generate) stay reusable; concurrent_batches never
-    does, as how many requests are in flight changes how fast the samples come, not which are asked for."""
+    enter only when set, so sets built before they existed (HF generate) stay reusable, and request_seeds only
+    when false, for the same reason; concurrent_batches never does, as how many requests are in flight changes
+    how fast the samples come, not which are asked for."""
     verifier = asdict(cfg) | {"reuse": None}
     for unset in [k for k in ("sampler_url", "sampler_model") if not verifier[k]]:
         del verifier[unset]
     del verifier["concurrent_batches"]
+    if verifier["request_seeds"]:
+        del verifier["request_seeds"]
     return {"version": MANIFEST_VERSION, "model": model_name, "verifier": verifier}
 
 
