@@ -103,11 +103,24 @@ def _run_status(run: Path) -> PartStatus:
     return PartStatus(f"run {run.name}", trained and battery is not None, detail)
 
 
+def sampled_so_far(side: Path) -> str:
+    """How far an unfinished set's side file (dpo.sample_log) got: batches and questions in its whole lines."""
+    if not side.is_file():
+        return "not built"
+    lines = [x for x in side.read_text(errors="replace").split("\n")[:-1] if x.strip()]  # the last: torn or ""
+    try:
+        questions = sum(len(json.loads(x)["prompts"]) for x in lines)
+    except (ValueError, KeyError, TypeError):
+        return f"not built; {side.name} unreadable"
+    return f"not built; {len(lines)} batches ({questions} questions) sampled in {side.name}"
+
+
 def status(runs: Path) -> list[PartStatus]:
     sweep = runs / SWEEP
     manifest = _json(sweep / "preferences.manifest.json")
     m = (manifest or {}).get("summary", {})
-    out = [PartStatus("pairs", manifest is not None, "not built" if manifest is None else
+    pending = sampled_so_far(sweep / "preferences.samples.jsonl")
+    out = [PartStatus("pairs", manifest is not None, pending if manifest is None else
                       f"{m.get('n_pairs')} pairs of {m.get('n_prompts')} questions (per-sample accuracy "
                       f"{m.get('sample_accuracy', float('nan')):.3f}; {m.get('prompts_all_correct')} all right, "
                       f"{m.get('prompts_all_wrong')} all wrong)")]

@@ -101,6 +101,15 @@ def test_status_of_a_hand_made_runs_folder(tmp_path):
     assert real.main(["status", str(tmp_path)]) == 0 and (tmp_path / "status.json").is_file()
 
 
+def test_status_of_a_set_cut_mid_sampling_counts_its_whole_batches(tmp_path):
+    side = tmp_path / "gsm8k" / "preferences.samples.jsonl"
+    side.parent.mkdir(parents=True)
+    batch = json.dumps({"start": 0, "prompts": [{"id": "a"}, {"id": "b"}]})
+    side.write_text(batch + "\n" + batch.replace('{"id": "b"}', '{"id": "c"}, {"id": "d"}') + "\n" + batch[:20])
+    pairs = {r.part: r for r in real.status(tmp_path)}["pairs"]
+    assert not pairs.done and pairs.detail == "not built; 2 batches (5 questions) sampled in preferences.samples.jsonl"
+
+
 def test_the_script_parses_and_names_its_verbs(tmp_path):
     assert subprocess.run(["bash", "-n", "bench/gpu_dpo_real.sh"], cwd=REPO).returncode == 0
     env = {**os.environ, "OUT": str(tmp_path / "out"), "RUNS": str(tmp_path / "runs"), "SCALELAB_GIT_SHA": "0" * 40}
