@@ -7,12 +7,11 @@ the real run's sequence lengths, the reference pass (adapters off) and one optim
 MFU counts 6N FLOPs per trained token and 2N per reference-pass token, non-pad tokens only, N = every linear
 weight of the model (untied LM head included; the embedding lookup is not a matmul), against the measured rate.
 
-  python bench/grpo_update_bench.py --metrics RUN/metrics.jsonl.gz [--step 0] [--out FILE.json]
+  python bench/grpo_update_bench.py --metrics RUN/metrics.jsonl [--step 0] [--out FILE.json]
 """
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from types import SimpleNamespace
 import torch
 
 from scalelab.core.config import load_config
+from scalelab.core.jsonio import open_text
 from scalelab.grpo.batch import collate, frozen_logprobs, micro_batches
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.train import optimizer_step
@@ -48,9 +48,9 @@ class LogitsOnly(torch.nn.Module):
 
 
 def step_lengths(path: Path, step: int) -> tuple[list[int], int]:
-    """(completion lengths, total prompt tokens) of one logged step."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
+    """(completion lengths, total prompt tokens) of one logged step; the log plain, or committed .gz or .xz
+    (core.jsonio finds it by its plain name)."""
+    with open_text(path) as f:
         for line in f:
             rec = json.loads(line)
             if rec.get("event") == "grpo_step" and rec["step"] == step:

@@ -4,7 +4,6 @@ start, the vLLM server's command line, and the reply parsing and its errors."""
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import sys
 import threading
@@ -16,6 +15,7 @@ import pytest
 
 from scalelab.core.config import ConfigError
 from scalelab.core.engines import EngineError, RunningServer, build_command
+from scalelab.core.jsonio import logical, read_json
 from scalelab.dpo import battery as bat
 from scalelab.dpo.config import BatteryConfig, load_dpo_config
 from scalelab.dpo.generate import Generation, greedy_generate
@@ -71,9 +71,9 @@ def test_committed_smollm2_records_are_found_under_hf_only(monkeypatch):
     run = REPO / "results/h200/dpo/smollm2/dpo-beta0.3"
     records = {}
     for path in [*(run / "battery" / "tuned").glob("*.json*"), *(run.parent / "battery-base").glob("*/*.json*")]:
-        rec = json.loads(gzip.open(path).read() if path.suffix == ".gz" else path.read_text())
+        rec = read_json(logical(path))
         if rec["kind"] != "lm_eval":
-            records[(rec["side"], rec["part"])] = (path.name.removesuffix(".gz"), rec)
+            records[(rec["side"], rec["part"])] = (logical(path).name, rec)
     assert len(records) == 6
     model = records[("base", "own")][1]["model"]  # a CUDA machine's key: the config's device is cuda
     monkeypatch.setattr(bat, "model_key", lambda cfg: model)

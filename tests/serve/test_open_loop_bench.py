@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from scalelab.core.config import dump_toml
-from scalelab.core.jsonio import append_jsonl, read_json, write_json
+from scalelab.core.jsonio import append_jsonl, is_stored, read_json, write_json
 from scalelab.serve.config import load_serve_config
 from scalelab.serve.rows import Row, RowFigures, RowKey
 from scalelab.serve.sweep import Point, plan_points, pool_size
@@ -28,7 +28,7 @@ def test_the_h200_open_loop_configs_load_and_their_pools_fit_the_carried_head(na
     cfg = load_serve_config(REPO / "configs" / "serve" / name)
     assert cfg.sweep.mode == "rate" and len(cfg.sweep.rates) >= 6 and cfg.sweep.repeats >= 3
     assert cfg.sweep.gamma_shape == 1.0 and cfg.search.repeats == 2 and cfg.engine.gpu_memory_utilization == 0.9
-    assert (REPO / f"{cfg.model.calibration}.gz").is_file() or (REPO / cfg.model.calibration).is_file()
+    assert is_stored(REPO / cfg.model.calibration)
     # the ladder, and the search at its top bracket, draw at most the head's requests (sample_pool would refuse)
     assert pool_size(cfg, plan_points(cfg), cfg.sweep.repeats) <= HEAD_REQUESTS
     top = Point(RowKey("vllm", 1, 0), cfg.search.hi_rps, 1.0)

@@ -1,26 +1,35 @@
-"""Gzip a results folder's bulky per-record JSON/JSONL before it is committed.
+"""Compress a results folder's bulky per-record JSON/JSONL before it is committed.
 
-    python -m scalelab.core.recordgz RUN_FOLDER [--min-kib 64] [--dry-run]
+    python -m scalelab.core.recordgz RUN_FOLDER [--xz] [--min-kib 64] [--dry-run]
 
-Every .json/.jsonl below the given folders (or the given files) of at least --min-kib becomes `<name>.gz`, written
-deterministically (no name, mtime 0) so the same content gives the same bytes; a file git tracks is `git mv`-ed
-first, so the history shows a rename. Readers (scalelab.core.jsonio) take the plain name and find either, so
-nothing else changes. Summaries stay plain and readable because they are small. Stdlib only.
+Every .json/.jsonl below the given folders (or the given files) of at least --min-kib becomes `<name>.gz`, or with
+--xz `<name>.xz` (a quarter to a third smaller; --xz also converts every `<name>.gz` there, whatever its size, since
+it was already judged bulky). Both are written deterministically (gzip: no name, mtime 0; xz has no timestamp) so
+the same content gives the same bytes; a file git tracks is `git mv`-ed and the new name staged, so the index (what
+tests/test_tree_size.py measures) follows (git still shows a delete and an add: it pairs renames by content, and the
+two forms share none), and any other stored form of the same record is removed (it is the older one). Readers (scalelab.core.jsonio) take the
+plain name and find any form, so nothing else changes. Summaries stay plain and readable because they are small.
+
+gzip stays the default: it is what runs write (evals.battery_records) and packs in a fraction of the time and
+memory xz -9e takes (~0.7 GB per file); --xz is the step before a commit, where every byte travels with each call
+to a GPU machine. Stdlib only.
 """
 from __future__ import annotations
 
 import argparse
 import gzip
 import io
+import lzma
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalelab.core.jsonio import GZ
+from scalelab.core.jsonio import GZ, XZ, forms, logical, read_bytes
 
 SUFFIXES = (".json", ".jsonl")
 DEFAULT_MIN_KIB = 64  # well under the 100 KB a tracked uncompressed record may reach (tests/test_tree_size.py)
+XZ_PRESET = 9 | lzma.PRESET_EXTREME
 
 
 @dataclass(frozen=True)
@@ -39,14 +48,31 @@ def gzip_bytes(data: bytes) -> bytes:
     return buf.getvalue()
 
 
-def candidates(paths: list[Path], min_bytes: int) -> list[Path]:
-    """Plain .json/.jsonl files of at least min_bytes: the given files, and every one below the given folders."""
+def xz_bytes(data: bytes) -> bytes:
+    """xz at preset 9e: the format carries no name or time, so the same input and preset give the same bytes
+    (with the same liblzma; its encoder is not promised to stay byte-stable across releases)."""
+    return lzma.compress(data, format=lzma.FORMAT_XZ, preset=XZ_PRESET)
+
+
+COMPRESS = {GZ: gzip_bytes, XZ: xz_bytes}
+
+
+def _gz_record(f: Path) -> bool:
+    return f.suffix == GZ and logical(f).suffix in SUFFIXES
+
+
+def candidates(paths: list[Path], min_bytes: int, form: str = GZ) -> list[Path]:
+    """The files to pack into `form`: plain .json/.jsonl of at least min_bytes, and for xz also every .json.gz /
+    .jsonl.gz whose plain file is absent (a plain file wins: its .gz is stale), among the given files and below
+    the given folders."""
     out: set[Path] = set()
     for p in paths:
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such file or folder")
         files = [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()]
         out |= {f for f in files if f.suffix in SUFFIXES and f.stat().st_size >= min_bytes}
+        if form == XZ:
+            out |= {f for f in files if _gz_record(f) and not logical(f).is_file()}
     return sorted(out)
 
 
@@ -56,39 +82,55 @@ def _tracked(path: Path) -> bool:
     return r.returncode == 0
 
 
-def pack(path: Path) -> Packed:
-    """path -> path.gz (git mv first when tracked; a stale path.gz is replaced: the plain file is the newer)."""
-    data = path.read_bytes()
-    dest = path.with_name(path.name + GZ)
-    if _tracked(path) and not dest.exists():
-        subprocess.run(["git", "mv", path.name, dest.name], cwd=path.parent, check=True)
-    packed = gzip_bytes(data)
+def _git(path: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=path.parent, check=True)
+
+
+def _drop(path: Path) -> None:
+    """Remove a superseded form of a record, from the index too when git tracks it."""
+    if _tracked(path):
+        _git(path, "rm", "-q", "--cached", path.name)
+    path.unlink()
+
+
+def pack(path: Path, form: str = GZ) -> Packed:
+    """path (plain, or .gz when form is .xz) -> <plain name><form>: git mv first when tracked, then the new bytes;
+    every other form of the record left is removed (the source is the newest: module docstring)."""
+    data = read_bytes(path)
+    before = path.stat().st_size
+    dest = logical(path).with_name(logical(path).name + form)
+    was_tracked = _tracked(path)
+    if was_tracked and not dest.exists():
+        _git(path, "mv", path.name, dest.name)
+    packed = COMPRESS[form](data)
     dest.write_bytes(packed)
-    if path.exists():
-        if _tracked(path):
-            subprocess.run(["git", "rm", "-q", "--cached", path.name], cwd=path.parent, check=True)
-        path.unlink()
-    if _tracked(dest):
-        subprocess.run(["git", "add", dest.name], cwd=dest.parent, check=True)
-    return Packed(path, dest, len(data), len(packed))
+    for other in forms(path):
+        if other != dest and other.exists():
+            _drop(other)
+    if was_tracked or _tracked(dest):
+        _git(dest, "add", dest.name)
+    return Packed(path, dest, before, len(packed))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scalelab.core.recordgz", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", type=Path, help="results folders (searched recursively) or files")
+    ap.add_argument("--xz", action="store_true", help="pack to <name>.xz (xz -9e), converting <name>.gz files too")
     ap.add_argument("--min-kib", type=float, default=DEFAULT_MIN_KIB,
-                    help=f"compress files of at least this many KiB (default {DEFAULT_MIN_KIB})")
+                    help=f"compress plain files of at least this many KiB (default {DEFAULT_MIN_KIB})")
     ap.add_argument("--dry-run", action="store_true", help="list what would be compressed, change nothing")
     args = ap.parse_args(argv)
+    form = XZ if args.xz else GZ
     try:
-        todo = candidates(args.paths, int(args.min_kib * 1024))
+        todo = candidates(args.paths, int(args.min_kib * 1024), form)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     before = after = 0
     for f in todo:
-        p = Packed(f, f.with_name(f.name + GZ), f.stat().st_size, 0) if args.dry_run else pack(f)
+        dest = logical(f).with_name(logical(f).name + form)
+        p = Packed(f, dest, f.stat().st_size, 0) if args.dry_run else pack(f, form)
         before, after = before + p.bytes_before, after + p.bytes_after
         print(f"{p.source} -> {p.dest.name}: {p.bytes_before} -> {p.bytes_after or '?'} bytes")
     print(f"{len(todo)} file(s), {before} -> {after if not args.dry_run else '?'} bytes")

@@ -17,7 +17,6 @@ A malformed row raises MalformedRow naming its file and line; with strict=False 
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import re
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+
+from scalelab.core.jsonio import open_text
 
 Message = dict[str, str]
 ROLES = ("system", "user", "assistant")
@@ -175,11 +176,13 @@ def conversational_pair(row: dict, source: str, pair_id: str) -> PreferencePair:
 # ---------------------------------------------------------------------------------------------
 # rows from files or the hub: (where, row) with where = "file:line"
 
-ROW_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
+ROW_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.xz", ".parquet")
 
 
 def _open_text(path: Path):
-    return gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else open(path, encoding="utf-8")
+    """By the file's suffix (core.jsonio): a committed verifier set (a dpo run's preferences.jsonl, which
+    dpo.run hands here by its stored name) may be gzipped or xz-packed."""
+    return open_text(path)
 
 
 def _iter_file(path: Path) -> Iterator[tuple[str, dict | str]]:

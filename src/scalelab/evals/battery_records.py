@@ -4,6 +4,9 @@ files they live in (written atomically: a run cut off mid-write leaves the previ
     <out>/items/<task>.jsonl.gz     ItemRecord per generated item
     <out>/tasks/<task>.json         the task's summary (GenSummary or McSummary), with its settings and their hash
     <out>/lm_eval/<task>.json       lm-eval's result;  <task>_samples.jsonl.gz: its per-item log-likelihoods
+
+The per-item files are written gzipped and may be committed as .xz (scalelab.core.recordgz --xz): BatteryFolder
+names them by their plain names and they are read through core.jsonio, which finds either form.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from scalelab.core.jsonio import iter_jsonl, json_safe, read_json, write_json
+from scalelab.core.jsonio import GZ, forms, is_stored, iter_jsonl, json_safe, read_json, write_json
 from scalelab.core.recordgz import gzip_bytes
 from scalelab.evals.intervals import normal_interval, wilson_interval
 
@@ -135,7 +138,8 @@ class BatteryFolder:
     root: Path
 
     def items(self, task: str) -> Path:
-        return self.root / "items" / f"{task}.jsonl.gz"
+        """The plain name: stored as .gz when written, .xz once committed (module docstring)."""
+        return self.root / "items" / f"{task}.jsonl"
 
     def summary(self, task: str) -> Path:
         return self.root / "tasks" / f"{task}.json"
@@ -144,7 +148,7 @@ class BatteryFolder:
         return self.root / "lm_eval" / f"{task}.json"
 
     def lm_eval_samples(self, task: str) -> Path:
-        return self.root / "lm_eval" / f"{task}_samples.jsonl.gz"
+        return self.root / "lm_eval" / f"{task}_samples.jsonl"
 
     @property
     def battery_json(self) -> Path:
@@ -156,13 +160,19 @@ class BatteryFolder:
 
 
 def write_jsonl_gz(path: Path, records: Iterable[dict]) -> Path:
-    """Deterministic gzip (core.recordgz), written to a temporary name and renamed into place."""
+    """`path` (a plain name) as `path.gz`: deterministic gzip (core.recordgz), written to a temporary name and
+    renamed into place. Any other form of it (a committed `path.xz`, a plain copy) is removed: the new records
+    supersede it, and readers would prefer a plain copy or refuse a .gz beside a .xz."""
     text = "".join(json.dumps(json_safe(r)) + "\n" for r in records)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    dest = path.with_name(path.name + GZ)
+    tmp = dest.with_name(dest.name + ".tmp")
     tmp.write_bytes(gzip_bytes(text.encode()))
-    os.replace(tmp, path)
-    return path
+    os.replace(tmp, dest)
+    for other in forms(path):
+        if other != dest:
+            other.unlink(missing_ok=True)
+    return dest
 
 
 def write_items(folder: BatteryFolder, task: str, items: list[ItemRecord]) -> Path:
@@ -187,7 +197,7 @@ def stored_summary(folder: BatteryFolder, task: str, sha: str) -> Summary | None
         return None
     summary = summary_from_dict(read_json(path))
     items = folder.items(task) if summary.kind == "generate" else folder.lm_eval_samples(task)
-    return summary if summary.settings_sha256 == sha and items.is_file() else None
+    return summary if summary.settings_sha256 == sha and is_stored(items) else None
 
 
 def all_summaries(folder: BatteryFolder) -> list[Summary]:
