@@ -34,6 +34,8 @@ from gpu_dpo_real import server_spec  # noqa: E402
 from scalelab.core.engines import RunningServer  # noqa: E402
 from scalelab.core.http import post_json  # noqa: E402
 from scalelab.core.provenance import collect  # noqa: E402
+from scalelab.dpo.config import VerifierConfig, load_dpo_config  # noqa: E402
+from scalelab.dpo.samplers import batch_seed, batch_starts, completions_body, render_ids, until_stop  # noqa: E402
 
 SERVED = "base"
 
@@ -90,51 +92,34 @@ class Run:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def body(prompts: list[list[int]], k: int, temperature: float, top_p: float, max_tokens: int,
-         seed: int | None) -> dict:
-    """The request dpo.samplers.CompletionsSampler sends, its seed left out when unseeded."""
-    out = {"model": SERVED, "prompt": prompts, "n": k, "temperature": temperature, "top_p": top_p,
-           "max_tokens": max_tokens, "return_token_ids": True}
-    return out if seed is None else {**out, "seed": seed}
-
-
-def cut(ids: Sequence[int], stops: set[int]) -> list[int]:
-    return next((list(ids[:i]) for i, t in enumerate(ids) if t in stops), list(ids))
-
-
 @dataclass(frozen=True)
 class Workload:
     prompts: list[list[int]]             # token ids, chat template applied
     grade: Callable[[int, str], bool]    # prompt index, completion text -> correct
     decode: Callable[[list[int]], str]
     stops: set[int]
-    k: int
-    temperature: float
-    top_p: float
-    max_tokens: int
-    batch_prompts: int
-    seed: int
+    cfg: VerifierConfig                  # k, temperature, top_p, max_new_tokens, batch_prompts, seed
 
 
 def measure(url: str, w: Workload, v: Variant, post: Callable = post_json) -> Run:
-    """Every prompt once under variant `v`: batches of batch_prompts x k sequences, v.inflight at a time."""
-    starts = list(range(0, len(w.prompts), w.batch_prompts))
+    """Every prompt once under variant `v`: the sampler's own requests (dpo.samplers.completions_body, each
+    batch's batch_seed unless unseeded), batch_prompts x k sequences each, v.inflight at a time."""
+    cfg = replace(w.cfg, request_seeds=v.seeded)
+    k, size = cfg.samples_per_prompt, cfg.batch_prompts
 
     def one(b: int) -> tuple[int, int, int, int]:
-        seed = w.seed * 100_003 + b if v.seeded else None     # dpo.samplers.batch_seed
-        reply = post(url + "/v1/completions", body(w.prompts[b:b + w.batch_prompts], w.k, w.temperature, w.top_p,
-                                                    w.max_tokens, seed), 1800.0)
-        choices = sorted(reply.get("choices") or [], key=lambda c: c["index"])
-        want = len(w.prompts[b:b + w.batch_prompts]) * w.k
+        body = completions_body(SERVED, w.prompts[b:b + size], cfg, batch_seed(cfg, b))
+        choices = sorted(post(url + "/v1/completions", body, 1800.0).get("choices") or [], key=lambda c: c["index"])
+        want = len(body["prompt"]) * k
         if len(choices) != want:
             raise RuntimeError(f"{url}: batch at prompt {b}: asked for {want} completions, got {len(choices)}")
-        toks = [cut(c["token_ids"], w.stops) for c in choices]
-        right = sum(w.grade(b + i // w.k, w.decode(t)) for i, t in enumerate(toks))
-        return len(toks), sum(map(len, toks)), sum(len(t) >= w.max_tokens for t in toks), right
+        toks = [until_stop(c["token_ids"], w.stops) for c in choices]
+        right = sum(w.grade(b + i // k, w.decode(t)) for i, t in enumerate(toks))
+        return len(toks), sum(map(len, toks)), sum(len(t) >= cfg.max_new_tokens for t in toks), right
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(v.inflight) as pool:
-        parts = list(pool.map(one, starts))
+        parts = list(pool.map(one, batch_starts(len(w.prompts), cfg)))
     wall = time.perf_counter() - t0
     seqs, tokens, hit, right = (sum(p[i] for p in parts) for i in range(4))
     return Run(v.name, round(wall, 3), seqs, tokens, hit, right)
@@ -164,11 +149,12 @@ def parse_predictions(text: str) -> dict[str, float]:
     for item in filter(None, (t.strip() for t in text.split(","))):
         name, eq, ratio = item.partition("=")
         try:
-            out[parse_variant(name).name] = float(ratio)
+            variant, value = parse_variant(name).name, float(ratio)
         except ValueError:
             raise ValueError(f"prediction {item!r}: expected VARIANT=RATIO, e.g. unseeded@2048=2.5") from None
-        if not eq or out[parse_variant(name).name] <= 0:
+        if not eq or value <= 0:
             raise ValueError(f"prediction {item!r}: expected VARIANT=RATIO with a ratio > 0")
+        out[variant] = value
     return out
 
 
@@ -185,9 +171,7 @@ def beside(rows: list[dict], predicted: dict[str, float]) -> list[dict]:
 
 def workload(config: Path, model_dir: str, n_prompts: int) -> Workload:
     """The config's verifier prompts (the first n of its chosen examples), rendered and graded as the set's."""
-    from scalelab.dpo.config import load_dpo_config
     from scalelab.dpo.generate_vllm import decode_settings
-    from scalelab.dpo.samplers import render_ids
     from scalelab.dpo.verifier_pairs import choose_examples
     from scalelab.evals.tasks import get_task
     from transformers import AutoTokenizer
@@ -198,8 +182,7 @@ def workload(config: Path, model_dir: str, n_prompts: int) -> Workload:
     stops = set(decode_settings(Path(model_dir), tok).stops)
     return Workload([render_ids(tok, ex.prompt) for ex in examples],
                     lambda i, text: bool(task.score(examples[i], text.strip()).correct),
-                    lambda ids: tok.decode(ids, skip_special_tokens=True), stops, v.samples_per_prompt,
-                    v.temperature, v.top_p, v.max_new_tokens, v.batch_prompts, v.seed)
+                    lambda ids: tok.decode(ids, skip_special_tokens=True), stops, v)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,13 +214,13 @@ def main(argv: list[str] | None = None) -> int:
                            max_num_seqs=seqs)
         with RunningServer(spec, a.log_dir / f"vllm-{seqs}.log", ready_timeout_s=900) as server:
             # warm-up, not recorded: one batch (CUDA graphs captured, the system prompt in the prefix cache)
-            measure(server.url, replace(w, prompts=w.prompts[:w.batch_prompts]), order[0])
+            measure(server.url, replace(w, prompts=w.prompts[:w.cfg.batch_prompts]), order[0])
             for v in order:
                 runs.append(measure(server.url, w, v))
                 print(json.dumps(asdict(runs[-1]) | {"tokens_per_s": round(runs[-1].tokens_per_s, 1)}), flush=True)
     rows = beside(summarize(runs), predicted)
-    a.out.write_text(json.dumps({"config": str(a.config), "prompts": len(w.prompts), "k": w.k,
-                                 "batch_prompts": w.batch_prompts, "max_tokens": w.max_tokens, "rows": rows,
+    a.out.write_text(json.dumps({"config": str(a.config), "prompts": len(w.prompts), "k": w.cfg.samples_per_prompt,
+                                 "batch_prompts": w.cfg.batch_prompts, "max_tokens": w.cfg.max_new_tokens, "rows": rows,
                                  "runs": [asdict(r) for r in runs], "command": " ".join(sys.argv),
                                  "provenance": collect()}, indent=1) + "\n")
     for r in rows:

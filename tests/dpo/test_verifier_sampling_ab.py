@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from scalelab.dpo.config import VerifierConfig
 from tests.bench_script import load_bench
 
 ab = load_bench("verifier_sampling_ab")
@@ -57,8 +58,9 @@ class StandIn:
 def workload(n_prompts: int, batch: int) -> "ab.Workload":
     # correct when the completion text is "<prompt> 0" (j = 0): one right of k = 4 per prompt
     return ab.Workload([[p] for p in range(n_prompts)], lambda i, text: text == f"{i} 0",
-                       lambda ids: " ".join(map(str, ids)), {99}, k=4, temperature=1.0, top_p=1.0, max_tokens=5,
-                       batch_prompts=batch, seed=3)
+                       lambda ids: " ".join(map(str, ids)), {99},
+                       VerifierConfig(samples_per_prompt=4, temperature=1.0, top_p=1.0, max_new_tokens=5,
+                                      batch_prompts=batch, seed=3))
 
 
 def test_measure_counts_tokens_limits_and_grades_with_per_batch_seeds():

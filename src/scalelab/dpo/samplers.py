@@ -153,6 +153,13 @@ class HFSampler:
 # an OpenAI-compatible vLLM server
 
 
+def completions_body(model: str, ids: list[list[int]], cfg: VerifierConfig, seed: int) -> dict:
+    """One batch's /v1/completions request: k samples per prompt, the batch's seed unless cfg.request_seeds is off."""
+    body = {"model": model, "prompt": ids, "n": cfg.samples_per_prompt, "temperature": cfg.temperature,
+            "top_p": cfg.top_p, "max_tokens": cfg.max_new_tokens, "return_token_ids": True}
+    return body | {"seed": seed} if cfg.request_seeds else body
+
+
 @dataclass
 class CompletionsSampler:
     """/v1/completions on the chat-templated prompt ids; vLLM answers prompt-major (choice index = prompt * n + j)
@@ -163,13 +170,8 @@ class CompletionsSampler:
     stop_ids: Sequence[int]
     timeout_s: float = 600.0
 
-    def _body(self, ids: list[list[int]], cfg: VerifierConfig, seed: int) -> dict:
-        body = {"model": self.model, "prompt": ids, "n": cfg.samples_per_prompt, "temperature": cfg.temperature,
-                "top_p": cfg.top_p, "max_tokens": cfg.max_new_tokens, "return_token_ids": True}
-        return body | {"seed": seed} if cfg.request_seeds else body
-
     def batch(self, prompts: Sequence[Conversation], cfg: VerifierConfig, seed: int) -> list[list[Sample]]:
-        body = self._body([self.render(p) for p in prompts], cfg, seed)
+        body = completions_body(self.model, [self.render(p) for p in prompts], cfg, seed)
         choices = sorted(post_json(self.url.rstrip("/") + "/v1/completions", body, self.timeout_s)
                          .get("choices") or [], key=lambda c: c["index"])
         k = cfg.samples_per_prompt
