@@ -152,7 +152,8 @@ restore() {  # an earlier window's results (SEED, a runs.tgz), once per machine;
 }
 
 provenance() {  # one record per window: the commit, the window and the knobs
-  python3 -c "import json, sys, time; print(json.dumps({'git_sha': sys.argv[1], 'started_unix': time.time(),
+  python3 -c "import json, sys, time; print(json.dumps({'command': 'SCALELAB_GIT_SHA=%s PARTS=\\'%s\\' WORK_S=%s bash '
+'bench/gpu_dpo_real.sh launch' % (sys.argv[1], sys.argv[3], sys.argv[2]), 'git_sha': sys.argv[1], 'started_unix': time.time(),
 'work_s': int(sys.argv[2]), 'parts': sys.argv[3].split(), 'sweep_only': sys.argv[4], 'battery_jobs': int(sys.argv[5]),
 'config': sys.argv[6], 'hh_config': sys.argv[7]}, indent=1))" "$SCALELAB_GIT_SHA" "$WORK_S" "$PARTS" \
     "${SWEEP_ONLY:-}" "$BATTERY_JOBS" "$CONFIG" "$HH_CONFIG" > "$RUNS/provenance-window-$(date -u +%Y%m%dT%H%M%SZ).json"
