@@ -15,7 +15,8 @@
 # Every part resumes (run checkpoints, per-task battery records), so `work` run again continues a cut-off window.
 #   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), WORK_S (default 1140), SEED (default 0),
 #        LRS (default "2e-5 5e-5"), PARTS (default "battery recipe collapse", side by side; also "staleness"),
-#        SOLO_PARTS (run first, alone, e.g. "update_bench rollout_bench"), STALE_STEPS, STALE_JOBS (default 40, 3),
+#        SOLO_PARTS (run first, alone, e.g. "update_bench rollout_bench"), RB_CASES (the rollout bench's cases,
+#        default "real-colocated real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"), STALE_STEPS, STALE_JOBS (default 40, 3),
 #        STALE_K0, STALE_IS0, STALE_K1 (the k lists of seeds 0 and 1; STALE_K1="" skips seed 1),
 #        AFTER_TASKS (the exported policies' battery, default math500: GSM8K is the run's own final evaluation),
 #        RECIPE_SETS (more `--set K=V` arguments for the recipe runs, e.g. "--set train.max_steps=100"),
@@ -52,7 +53,10 @@ prep() {  # here: one chunk set; the battery's multiple-choice tasks need lm_eva
   local chunks=${1:-/tmp/grpo-chunks} src=/tmp/grpo-carry-src py=${PY:-python3}
   rm -rf "$src" "$chunks" && mkdir -p "$src/whl" || return 1
   cp "$(PYTHONPATH=src "$py" -m scalelab.cli models path "$NAME" --gguf)" "$src/model.gguf" || return 1
-  "$py" -m pip download -q --no-deps --only-binary=:all: -d "$src/whl" $WHEELS ${BATTERY_WHEELS:-} || return 1
+  # for the image's Python 3.12 (multiprocess ships one wheel per Python version)
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$src/whl" $WHEELS ${BATTERY_WHEELS:-} || return 1
   local smol
   smol=$(PYTHONPATH=src "$py" -m scalelab.cli models path smollm2-135m-instruct | tail -1) || return 1
   mkdir -p "$src/smol-tokenizer" && cp "$smol"/{tokenizer.json,tokenizer_config.json,chat_template.jinja,config.json} \
@@ -128,17 +132,22 @@ rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model o
               --gpu-memory-utilization 0.15 --repeats 2)
   local fixed=(--model random:qwen2.5-1.5b --tokenizer /tmp/smol-tokenizer --prompts 64 --group 16
                --max-new-tokens 256 --cudagraph-max 1024 --repeats 2 --no-update --no-sync)
-  rb real-colocated "${real[@]}" --lora-rank 32
+  # RB_CASES picks cases (default all, in this order) when a window has room for only some
+  local cases=" ${RB_CASES:-real-colocated real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4} "
+  want() { [[ $cases == *" $1 "* ]]; }
+  want real-colocated && rb real-colocated "${real[@]}" --lora-rank 32
   # the standalone engine as a user runs it: vLLM's default engine core in a child process
-  VLLM_ENABLE_V1_MULTIPROCESSING=1 rb real-standalone "${real[@]}" --engines hf,vllm_standalone --no-update --no-sync
-  rb fixed1024-colocated "${fixed[@]}" --profile "$d/fixed1024-colocated.prof.txt"
-  VLLM_ENABLE_V1_MULTIPROCESSING=1 rb fixed1024-standalone "${fixed[@]}" --engines hf,vllm_standalone \
-    --profile "$d/fixed1024-standalone.prof.txt"
+  want real-standalone && VLLM_ENABLE_V1_MULTIPROCESSING=1 rb real-standalone "${real[@]}" \
+    --engines hf,vllm_standalone --no-update --no-sync
+  want fixed1024-colocated && rb fixed1024-colocated "${fixed[@]}" --profile "$d/fixed1024-colocated.prof.txt"
+  want fixed1024-standalone && VLLM_ENABLE_V1_MULTIPROCESSING=1 rb fixed1024-standalone "${fixed[@]}" \
+    --engines hf,vllm_standalone --profile "$d/fixed1024-standalone.prof.txt"
   # the same batch over K colocated engines, each scheduling its 1/K of the prompts in a process of its own; CUDA
   # graphs up to each engine's 1,024 / K sequences, as the K = 1 run's go up to its whole batch. K = 1 with its
   # engine core in a child process too, so K is the only change between the three
   local k
   for k in 1 2 4; do
+    want "k$k" || continue
     rb "fixed1024-colocated-k$k" "${fixed[@]}" --cudagraph-max $((1024 / k)) --engine-core subprocess \
       --vllm-engines "$k"
   done

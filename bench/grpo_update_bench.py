@@ -61,7 +61,7 @@ def step_lengths(path: Path, step: int) -> tuple[list[int], int]:
 
 def sync() -> None:
     if torch.cuda.is_available():
-        sync()
+        torch.cuda.synchronize()
 
 
 def matmul_tflops(n: int, reps: int = 20) -> float:
@@ -90,9 +90,10 @@ def fake_batch(lengths: list[int], prompt_tokens: int, vocab: int, group: int = 
     g = torch.Generator().manual_seed(0)
     n_prompts = len(lengths) // group
     mean = prompt_tokens // len(lengths)
-    plens = [max(8, mean + int(d)) for d in torch.randint(-30, 31, (n_prompts,), generator=g)]
-    prompts = [tuple(torch.randint(0, vocab, (p,), generator=g).tolist()) for p in plens]
-    comps = [tuple(torch.randint(0, vocab, (max(n, 1),), generator=g).tolist()) for n in lengths]
+    # drawn on the CPU generator even when the default device is the GPU (main sets it)
+    plens = [max(8, mean + int(d)) for d in torch.randint(-30, 31, (n_prompts,), generator=g, device="cpu")]
+    prompts = [tuple(torch.randint(0, vocab, (p,), generator=g, device="cpu").tolist()) for p in plens]
+    comps = [tuple(torch.randint(0, vocab, (max(n, 1),), generator=g, device="cpu").tolist()) for n in lengths]
     return SimpleNamespace(prompt_ids=[prompts[i // group] for i in range(len(lengths))], completion_ids=comps,
                            logprobs=[tuple([-1.0] * len(c)) for c in comps])
 
