@@ -15,7 +15,7 @@
 # Every part resumes (run checkpoints, per-task battery records), so `work` run again continues a cut-off window.
 #   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), WORK_S (default 1140), SEED (default 0),
 #        LRS (default "2e-5 5e-5"), PARTS (default "battery recipe collapse", side by side; also "staleness"),
-#        SOLO_PARTS (run first, alone, e.g. "update_bench rollout_bench"), RB_CASES (the rollout bench's cases,
+#        SOLO_PARTS (run first, alone, e.g. "update_bench update_profile rollout_bench"), RB_CASES (the rollout bench's cases,
 #        default "real-colocated real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"), STALE_STEPS, STALE_JOBS (default 40, 3),
 #        STALE_K0, STALE_IS0, STALE_K1 (the k lists of seeds 0 and 1; STALE_K1="" skips seed 1),
 #        AFTER_TASKS (the exported policies' battery, default math500: GSM8K is the run's own final evaluation),
@@ -117,6 +117,14 @@ update_bench() {  # the update alone on the GPU beside the measured matmul rate 
   timeout -s INT "${UB_S:-240}" python3 bench/grpo_update_bench.py --out "$RUNS/update-bench/update_bench.json" \
     --metrics results/h200/grpo/qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0/metrics.jsonl \
     >> "$LOGS/update_bench.log" 2>&1
+}
+
+update_profile() {  # where the update's time goes: one budget-chunked pass under torch.profiler, alone on the GPU
+  mkdir -p "$RUNS/update-bench"
+  timeout -s INT "${UB_S:-240}" python3 bench/grpo_update_bench.py --variants budget-chunked --reps 1 \
+    --out "$RUNS/update-bench/update_profile.json" --profile "$RUNS/update-bench/update_profile.txt" \
+    --metrics results/h200/grpo/qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0/metrics.jsonl \
+    >> "$LOGS/update_profile.log" 2>&1
 }
 
 rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model on GSM8K prompts (its own answer

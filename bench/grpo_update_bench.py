@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--shape", choices=["qwen2.5-0.5b", "tiny"], default="qwen2.5-0.5b")
     ap.add_argument("--budget-tokens", type=int, default=12288, help="budget-chunked's padded tokens per pass")
+    ap.add_argument("--profile", type=Path, help="profile one pass of the last variant; its table to this file")
     a = ap.parse_args(argv)
     shape = QWEN05 if a.shape == "qwen2.5-0.5b" else TINY
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -158,10 +159,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:15s} passes {r['passes']:3d} padded {r['padded_tokens']:7d} update {r['update_s']:.2f} s "
               f"ref {r['reference_s']:.2f} s  update MFU {r['update_mfu']:.1%}  with ref {r['mfu']:.1%}  "
               f"peak mem {r['peak_mem_gib']:.1f} GiB", flush=True)
+    if a.profile:
+        out["profile"] = profile_variant(policy, t, a.variants.split(",")[-1], a.budget_tokens, a.profile)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(out, indent=1))
     return 0
+
+
+def profile_variant(policy, t, name: str, budget_tokens: int, path: Path) -> str:
+    """Two more reference passes + updates of variant `name` (time_variant with one repeat) under torch.profiler: the operators by device time (the
+    table written to `path`), to see where the update's time goes beside the matmuls that MFU counts."""
+    from torch.profiler import ProfilerActivity, profile
+    rows, tokens, chunked = VARIANTS[name]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        time_variant(policy, t, rows, budget_tokens if tokens is None else tokens, chunked, 1)
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=60)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(table)
+    print(table[:6000], flush=True)
+    return str(path)
 
 
 if __name__ == "__main__":

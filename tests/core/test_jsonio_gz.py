@@ -37,7 +37,7 @@ def test_plain_file_wins_over_a_stale_gz(tmp_path):
 
 
 def test_missing_and_damaged_files_name_the_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"nope\.json: not found \(nor nope\.json\.gz nor nope\.json\.xz\)"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.json: not found \(nor nope\.json\.gz nor nope\.json\.xz nor nope\.json\.same\)"):
         read_json(tmp_path / "nope.json")
     assert list(iter_jsonl(tmp_path / "nope.jsonl")) == []
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):

@@ -131,6 +131,6 @@ def test_gz_over_a_stale_xz_is_repacked(tmp_path):
 
 
 def test_missing_names_every_form(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"nope\.json: not found \(nor nope\.json\.gz nor nope\.json\.xz\)"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.json: not found \(nor nope\.json\.gz nor nope\.json\.xz nor nope\.json\.same\)"):
         read_json(tmp_path / "nope.json")
     assert gzip.decompress(gzip_bytes(b"x")) == b"x"

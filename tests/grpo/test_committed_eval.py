@@ -22,7 +22,7 @@ def test_gzipped_generations_rescore_to_the_committed_summary(run):
     d = RESULTS / run
     if not (d / "eval" / "summary.json").is_file():
         pytest.skip(f"{d}: committed results not present")
-    assert stored(d / "eval" / "base.json").suffix in (".gz", ".xz") and not (d / "eval" / "base.json").exists()
+    assert stored(d / "eval" / "base.json").suffix in (".gz", ".xz", ".same") and not (d / "eval" / "base.json").exists()
     base, trained = load_eval(d, "base"), load_eval(d, "trained")
     assert base is not None and trained is not None and len(base.examples) == len(trained.examples) > 0
     summary = json.loads(json.dumps(compare(base, trained, load_grpo_config(d / "config.toml"))))

@@ -9,10 +9,19 @@ for the battery's per-item records, `.gz`); only scalelab.core.recordgz writes `
 When more than one form exists: the plain file wins (a run resumed or re-scored after its folder was compressed
 writes it, so it is the newer). A `.gz` beside a `.xz` with no plain file is an error naming both: either may be
 the newer (a run's `.gz` after a commit's `.xz`, or a `.gz` left behind by hand), and they could disagree.
+
+A committed record that repeats another one (every run of a study scored the same base model) may be stored as
+`<name>.same`, a small JSON pointer {"same_as": <the other record's plain name, relative to this folder>,
+"sha256": <of this record's plain content>, "patch": <optional: top-level JSON fields that differ, e.g. a
+wall-clock time>}. Readers take the other record's content, replace the patched fields (re-serialized as
+write_json writes), and check the hash: the bytes read are this record's own, exactly, and a changed target is an
+error naming both files, never a silent substitute. `recordgz --dedup` writes pointers only where that holds.
 """
 from __future__ import annotations
 
 import gzip
+import hashlib
+import io
 import json
 import lzma
 import math
@@ -23,7 +32,8 @@ from typing import IO, Any, Iterator
 
 GZ = ".gz"
 XZ = ".xz"
-PACKED = (GZ, XZ)  # the stored forms after the plain one, in the order readers look for them
+SAME = ".same"
+PACKED = (GZ, XZ, SAME)  # the stored forms after the plain one, in the order readers look for them
 
 
 def json_safe(obj: Any) -> Any:
@@ -37,11 +47,16 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+def json_text(obj: Any) -> str:
+    """The text write_json writes for `obj`."""
+    return json.dumps(json_safe(obj), indent=2, sort_keys=False) + "\n"
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(json_safe(obj), indent=2, sort_keys=False) + "\n")
+    tmp.write_text(json_text(obj))
     os.replace(tmp, path)
 
 
@@ -52,7 +67,7 @@ def logical(path: str | Path) -> Path:
 
 
 def forms(path: str | Path) -> list[Path]:
-    """Every name `path`'s content may be stored under, in the order readers look: plain, .gz, .xz."""
+    """Every name `path`'s content may be stored under, in the order readers look: plain, .gz, .xz, .same."""
     plain = logical(path)
     return [plain, *(plain.with_name(plain.name + s) for s in PACKED)]
 
@@ -62,19 +77,41 @@ class AmbiguousStored(ValueError):
 
 
 def stored(path: str | Path) -> Path | None:
-    """The file holding `path`'s content: `path` itself, else `path.gz`, else `path.xz`; None when none exists.
-    A name that is already a stored form (`x.json.gz`) is that file only. Both `.gz` and `.xz` without the plain
-    file is an AmbiguousStored error (module docstring)."""
+    """The file holding `path`'s content: `path` itself, else `path.gz`, else `path.xz`, else the pointer
+    `path.same` (read_bytes follows it); None when none exists. A name that is already a stored form (`x.json.gz`)
+    is that file only. Two of `.gz`, `.xz`, `.same` without the plain file is an AmbiguousStored error (module
+    docstring)."""
     path = Path(path)
     if path.is_file():
         return path
     if path.suffix in PACKED:
         return None
-    _, gz, xz = forms(path)
-    if gz.is_file() and xz.is_file():
-        raise AmbiguousStored(f"{gz} and {xz} both hold this record and may disagree: delete the stale one "
-                              f"(`python -m scalelab.core.recordgz --xz {gz}` repacks the .gz over the .xz)")
-    return gz if gz.is_file() else xz if xz.is_file() else None
+    present = [f for f in forms(path)[1:] if f.is_file()]
+    if len(present) > 1:
+        raise AmbiguousStored(f"{present[0]} and {present[1]} both hold this record and may disagree: delete the "
+                              f"stale one (`python -m scalelab.core.recordgz --xz {present[0]}` repacks a .gz "
+                              "over the .xz)")
+    return present[0] if present else None
+
+
+def same_content(pointer: Path) -> bytes:
+    """The plain content a `.same` pointer stands for: its target's, patched, checked against its sha256."""
+    try:
+        ref = json.loads(pointer.read_text())
+        target, digest, patch = pointer.parent / ref["same_as"], ref["sha256"], ref.get("patch", {})
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{pointer}: not a record pointer {{same_as, sha256[, patch]}}: {e}") from None
+    found = stored(target)
+    if found is None or found.suffix == SAME:
+        raise FileNotFoundError(f"{pointer}: points to {target}, which holds no record of its own (not found, or "
+                                "itself a pointer)")
+    data = _content(found)
+    if patch:
+        data = json_text({**json.loads(data), **patch}).encode()
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ValueError(f"{pointer}: {found} no longer has the content it pointed to (sha256 differs); restore "
+                         "that record or store this one in full")
+    return data
 
 
 def is_stored(path: str | Path) -> bool:
@@ -89,7 +126,7 @@ def find_stored(root: str | Path, pattern: str) -> list[Path]:
 
 
 def _missing(path: Path) -> FileNotFoundError:
-    also = "" if path.suffix in PACKED else f" (nor {path.name}{GZ} nor {path.name}{XZ})"
+    also = "" if path.suffix in PACKED else f" (nor {path.name}{GZ} nor {path.name}{XZ} nor {path.name}{SAME})"
     return FileNotFoundError(f"{path}: not found{also}")
 
 
@@ -98,6 +135,8 @@ def open_text(path: str | Path) -> IO[str]:
     found = stored(path)
     if found is None:
         raise _missing(Path(path))
+    if found.suffix == SAME:
+        return io.StringIO(same_content(found).decode("utf-8"))
     if found.suffix == GZ:
         return gzip.open(found, "rt", encoding="utf-8")
     if found.suffix == XZ:
@@ -106,11 +145,18 @@ def open_text(path: str | Path) -> IO[str]:
 
 
 def read_bytes(path: str | Path) -> bytes:
-    """The content of `path` (or `path.gz`, or `path.xz`, decompressed): what a hash of the plain file was taken
-    over."""
+    """The content of `path` (or `path.gz`, or `path.xz`, decompressed, or the record `path.same` points to): what
+    a hash of the plain file was taken over."""
     found = stored(path)
     if found is None:
         raise _missing(Path(path))
+    return _content(found)
+
+
+def _content(found: Path) -> bytes:
+    """The plain content of one stored file (plain, .gz, .xz or a .same pointer)."""
+    if found.suffix == SAME:
+        return same_content(found)
     data = found.read_bytes()
     if found.suffix == GZ:
         return _gunzip(found, data)

@@ -1,6 +1,7 @@
 """Compress a results folder's bulky per-record JSON/JSONL before it is committed.
 
     python -m scalelab.core.recordgz RUN_FOLDER [--xz] [--min-kib 64] [--dry-run]
+    python -m scalelab.core.recordgz STUDY_FOLDER --dedup [--min-kib 64] [--dry-run]
 
 Every .json/.jsonl below the given folders (or the given files) of at least --min-kib becomes `<name>.gz`, or with
 --xz `<name>.xz` (a quarter to a third smaller; --xz also converts every `<name>.gz` there, whatever its size, since
@@ -13,19 +14,28 @@ plain name and find any form, so nothing else changes. Summaries stay plain and 
 gzip stays the default: it is what runs write (evals.battery_records) and packs in a fraction of the time and
 memory xz -9e takes (~0.7 GB per file); --xz is the step before a commit, where every byte travels with each call
 to a GPU machine. Stdlib only.
+
+--dedup finds records of one file name below the given folders whose content repeats an earlier one's (e.g. the
+base model's evaluation, which every run of a study stores, equal but for its wall-clock time) and replaces each
+repeat with a `<name>.same` pointer to the first by path, with the differing top-level fields as a patch
+(scalelab.core.jsonio reads it back byte for byte and checks its sha256), staged in git as packing is.
 """
 from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import io
+import json
+import os
 import lzma
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalelab.core.jsonio import GZ, XZ, forms, logical, read_bytes
+from scalelab.core.jsonio import (GZ, SAME, XZ, find_stored, forms, json_text, logical, read_bytes, same_content,
+                                  stored)
 
 SUFFIXES = (".json", ".jsonl")
 DEFAULT_MIN_KIB = 64  # well under the 100 KB a tracked uncompressed record may reach (tests/test_tree_size.py)
@@ -112,6 +122,84 @@ def pack(path: Path, form: str = GZ) -> Packed:
     return Packed(path, dest, before, len(packed))
 
 
+MAX_PATCH_FIELDS = 3  # a record that differs from another in more top-level fields than this is not a repeat
+
+
+def patch_between(kept: bytes, copy: bytes) -> dict | None:
+    """{} when the contents are equal; the top-level fields to replace in `kept`'s JSON object to get exactly
+    `copy`'s bytes (as write_json writes them) when at most MAX_PATCH_FIELDS differ; else None."""
+    if kept == copy:
+        return {}
+    try:
+        a, b = json.loads(kept), json.loads(copy)
+    except ValueError:
+        return None
+    if not isinstance(a, dict) or not isinstance(b, dict) or list(a) != list(b):
+        return None
+    patch = {k: b[k] for k in b if a[k] != b[k]}
+    if len(patch) > MAX_PATCH_FIELDS or json_text({**a, **patch}).encode() != copy:
+        return None
+    return patch
+
+
+def duplicates(paths: list[Path], min_bytes: int) -> list[tuple[Path, Path, dict]]:
+    """(copy, kept, patch): records below `paths` of the same file name whose stored file is at least min_bytes and
+    whose content repeats an earlier one's (by path) exactly or up to a patch (patch_between). Pointers already
+    there are neither copies nor kept."""
+    by_name: dict[str, list[Path]] = {}
+    for root in paths:
+        for plain in find_stored(root, "*.json*") if root.is_dir() else [logical(root)]:
+            found = stored(plain)
+            if found is not None and found.suffix != SAME and found.stat().st_size >= min_bytes:
+                by_name.setdefault(plain.name, []).append(plain)
+    out = []
+    for group in by_name.values():
+        kept: list[tuple[Path, bytes]] = []
+        for plain in sorted(set(group)):
+            data = read_bytes(plain)
+            match = next(((k, p) for k, kd in kept if (p := patch_between(kd, data)) is not None), None)
+            if match is None:
+                kept.append((plain, data))
+            else:
+                out.append((plain, match[0], match[1]))
+    return out
+
+
+def point(copy: Path, kept: Path, patch: dict) -> Path:
+    """Replace every stored form of `copy` by `<copy>.same` naming `kept` (relative), the patch and the sha256 of
+    copy's content, after checking that the pointer reads back as exactly that content."""
+    data = read_bytes(copy)
+    pointer = copy.with_name(copy.name + SAME)
+    ref = {"same_as": os.path.relpath(kept, copy.parent), "sha256": hashlib.sha256(data).hexdigest()}
+    tmp = copy.with_name(copy.name + ".same-check" + SAME)
+    tmp.write_text(json.dumps({**ref, **({"patch": patch} if patch else {})}, indent=1) + "\n")
+    try:
+        if same_content(tmp) != data:
+            raise ValueError(f"{copy}: its pointer to {kept} does not read back as its content")
+    finally:
+        text = tmp.read_text()
+        tmp.unlink()
+    tracked = any(f.exists() and _tracked(f) for f in forms(copy))
+    for other in forms(copy):
+        if other != pointer and other.exists():
+            _drop(other)
+    pointer.write_text(text)
+    if tracked:
+        _git(pointer, "add", pointer.name)
+    return pointer
+
+
+def dedup_main(paths: list[Path], min_bytes: int, dry_run: bool) -> int:
+    saved = 0
+    for copy, kept, patch in duplicates(paths, min_bytes):
+        saved += stored(copy).stat().st_size
+        print(f"{copy} -> {copy.name}{SAME} (as {kept}{', patched: ' + ', '.join(patch) if patch else ''})")
+        if not dry_run:
+            point(copy, kept, patch)
+    print(f"{saved} bytes {'would be ' if dry_run else ''}saved")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scalelab.core.recordgz", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,7 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-kib", type=float, default=DEFAULT_MIN_KIB,
                     help=f"compress plain files of at least this many KiB (default {DEFAULT_MIN_KIB})")
     ap.add_argument("--dry-run", action="store_true", help="list what would be compressed, change nothing")
+    ap.add_argument("--dedup", action="store_true",
+                    help="replace byte-identical copies of a record by <name>.same pointers to the first")
     args = ap.parse_args(argv)
+    if args.dedup:
+        return dedup_main(args.paths, int(args.min_kib * 1024), args.dry_run)
     form = XZ if args.xz else GZ
     try:
         todo = candidates(args.paths, int(args.min_kib * 1024), form)
