@@ -51,7 +51,7 @@ def zero_signal_fraction(rewards: torch.Tensor, group_size: int) -> float:
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log softmax(logits / T) at the target ids: logits (B, T, V), targets (B, T) -> (B, T), fp32."""
-    scaled = logits.float() / temperature
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
     picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(scaled, dim=-1)
 
@@ -62,7 +62,8 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     the vocabulary, not the sampled-token estimate -log p, which is noisy at one sample per position."""
     out = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
     for i in range(logits.shape[0]):  # one row at a time: fp32 copies of a whole (B, T, 151,936) batch are GBs
-        logp = torch.log_softmax(logits[i].float() / temperature, dim=-1)
+        row = logits[i].float()
+        logp = torch.log_softmax(row if temperature == 1.0 else row / temperature, dim=-1)
         out[i] = -(logp.exp() * logp).sum(-1)
     return out
 

@@ -14,6 +14,7 @@ import torch
 import torch.utils.checkpoint
 
 from scalelab.grpo.advantages import token_entropy, token_logprobs
+from scalelab.grpo.precision import compute_autocast
 from scalelab.grpo.types import RolloutBatch
 
 
@@ -126,12 +127,27 @@ def body_and_head(model: Any) -> tuple[Any, Any] | None:
     return body, head
 
 
-def _head_chunk(head: Any, h: torch.Tensor, targets: torch.Tensor, temperature: float,
-                entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    scaled = head(h).float() / temperature  # (rows, V) fp32: one chunk's worth
-    lse = torch.logsumexp(scaled, dim=-1)
-    logp = scaled.gather(1, targets[:, None]).squeeze(1) - lse
-    return logp, token_entropy(scaled[None])[0] if entropy else logp.new_zeros(())
+class _HeadChunk:
+    """log softmax(head(h) / T) at the targets of one chunk, and once its entropy. Checkpointed, the function runs
+    again in the backward to rebuild what the gradient needs; the entropy (no graph) is computed on the first run
+    only, so the recomputation skips it."""
+
+    def __init__(self, head: Any, temperature: float, entropy: bool):
+        self.head, self.temperature, self.want_entropy = head, temperature, entropy
+        self.entropy: torch.Tensor | None = None
+
+    def __call__(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        scaled = self.head(h).float()  # (rows, V) fp32: one chunk's worth
+        if self.temperature != 1.0:  # a pass over the chunk saved at the usual T = 1
+            scaled = scaled / self.temperature
+        lse = torch.logsumexp(scaled, dim=-1)
+        logp = scaled.gather(1, targets[:, None]).squeeze(1) - lse
+        if self.want_entropy:
+            self.want_entropy = False
+            with torch.no_grad():
+                logp_all = scaled - lse[:, None]
+                self.entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp
 
 
 def head_logprobs(head: Any, h: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int,
@@ -142,13 +158,15 @@ def head_logprobs(head: Any, h: torch.Tensor, targets: torch.Tensor, temperature
     al. 2024), and positions that are prompt or padding never reach the head at all."""
     lps, ents = [], []
     for s in range(0, h.shape[0], rows):
-        args = (head, h[s:s + rows], targets[s:s + rows], temperature, entropy)
+        chunk = _HeadChunk(head, temperature, entropy)
+        args = (h[s:s + rows], targets[s:s + rows])
         if torch.is_grad_enabled():
-            lp, ent = torch.utils.checkpoint.checkpoint(_head_chunk, *args, use_reentrant=False)
+            lp = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False)
         else:
-            lp, ent = _head_chunk(*args)
+            lp = chunk(*args)
         lps.append(lp)
-        ents.append(ent.detach())
+        if entropy:
+            ents.append(chunk.entropy)
     if not lps:
         return h.new_zeros(0, dtype=torch.float32), (h.new_zeros(0, dtype=torch.float32) if entropy else None)
     return torch.cat(lps), torch.cat(ents) if entropy else None
@@ -156,14 +174,15 @@ def head_logprobs(head: Any, h: torch.Tensor, targets: torch.Tensor, temperature
 
 @torch.no_grad()
 def frozen_logprobs(model: Any, t: StepTensors, temperature: float, micros: list[Micro],
-                    adapters_off: bool) -> torch.Tensor:
-    """(N, W) for the reference (LoRA: adapters disabled) or pi_old, in micro-batches, no graph."""
+                    adapters_off: bool, autocast: bool = True) -> torch.Tensor:
+    """(N, W) for the reference (LoRA: adapters disabled) or pi_old, in micro-batches, no graph; `autocast`: the
+    forward in bf16 where grpo.precision says it applies (optim.bf16_autocast)."""
     was_training = model.training
     model.eval()
     out = torch.zeros(t.mask.shape, dtype=torch.float32, device=t.mask.device)
     try:
         ctx = model.disable_adapter() if adapters_off else contextlib.nullcontext()
-        with ctx:
+        with ctx, compute_autocast(model, autocast and not adapters_off):
             for m in micros:
                 out[m.rows, :m.width] = frame_logprobs(model, t, m, temperature)
         return out

@@ -210,6 +210,11 @@ class OptimConfig:
     grad_clip: float = param(1.0, "clip global grad norm; 0 disables", ge=0.0)
     micro_batch_size: int = param(8, "sequences per forward/backward; the step's P*G sequences are accumulated",
                                   ge=1)
+    bf16_autocast: bool = param(True, "with a bf16 base and fp32 LoRA adapters (peft's default), run the policy's "
+                                      "forward passes under torch.autocast(bf16) with peft's input casting off: "
+                                      "the adapters' matmuls then run in bf16 on the tensor cores instead of as "
+                                      "fp32 GEMMs on copied activations; their weights, gradients and AdamW state "
+                                      "stay fp32 (grpo.precision). No effect on an fp32 or fully trained model")
     micro_batch_tokens: int = param(0, "when > 0: the step's sequences sorted by length into forward/backward "
                                        "passes of at most this many padded tokens (and micro_batch_size rows); "
                                        "0 = fixed slices of micro_batch_size in rollout order", ge=0)

@@ -35,6 +35,7 @@ from scalelab.grpo import curve, heldout
 from scalelab.grpo.advantages import (LossSettings, Normalizer, group_advantages, grpo_loss, k3_kl,
                                       zero_signal_fraction)
 from scalelab.grpo.batch import Micro, StepTensors, collate, frame_logprobs_entropy, frozen_logprobs, micro_batches
+from scalelab.grpo.precision import compute_autocast
 from scalelab.grpo.checkpoint import CHECKPOINT, find_checkpoint, load_checkpoint, save_checkpoint
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.curriculum import Curriculum
@@ -145,7 +146,8 @@ def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer
     policy.train()
     optimizer.zero_grad(set_to_none=True)
     for m in step_micros(t, cfg) if micros is None else micros:
-        logp, entropy = frame_logprobs_entropy(policy, t, m, cfg.rollout.temperature, entropy=first)
+        with compute_autocast(policy, cfg.optim.bf16_autocast):
+            logp, entropy = frame_logprobs_entropy(policy, t, m, cfg.rollout.temperature, entropy=first)
         old = m.take(old_logp) if old_logp is not None else logp.detach()
         terms = grpo_loss(logp, old, t.advantages[m.rows], m.take(t.mask), norm, settings,
                           behavior_logp=m.take(t.behavior_logp),
@@ -312,10 +314,11 @@ def learn(loop: Loop, step: int, batch: RolloutBatch, plan: BatchPlan, timer: Ph
         with timer.phase("reference"):
             ref_model = parts.reference if parts.reference is not None else parts.policy
             ref_logp = frozen_logprobs(ref_model, t, cfg.rollout.temperature, micros,
-                                       adapters_off=parts.reference is None)
+                                       adapters_off=parts.reference is None, autocast=cfg.optim.bf16_autocast)
     if cfg.loss.updates_per_batch > 1:
         with timer.phase("old_logprob"):
-            old_logp = frozen_logprobs(parts.policy, t, cfg.rollout.temperature, micros, False)
+            old_logp = frozen_logprobs(parts.policy, t, cfg.rollout.temperature, micros, False,
+                                       autocast=cfg.optim.bf16_autocast)
     with timer.phase("update"):
         for g in loop.optimizer.param_groups:
             g["lr"] = lr_at(step, cfg)
