@@ -2,11 +2,12 @@
 model (random weights: only the shapes set the time) with LoRA r=32 on every linear layer, one step's batch with
 the real run's sequence lengths, the reference pass (adapters off) and one optimizer step, timed per variant:
   fixed8-full     8 rows per pass in rollout order, the whole frame's fp32 logits (the update before this bench)
-  fixed8-chunked  the same passes, the LM head on completion tokens only, checkpointed in chunks
+  fixed8-chunked  the same passes, the LM head on completion tokens only, in chunks recomputed in the backward
   budget-chunked-fp32lora  passes sorted by length under a 12,288-token budget, chunked head, the adapters'
                   matmuls in fp32 as peft runs them on a bf16 base
-  budget-chunked  the same with the forward under bf16 autocast (optim.bf16_autocast, the recipe's setting)
-The first three run with the adapters in fp32 as the runs before optim.bf16_autocast did.
+  budget-chunked-eager  the same with the forward under bf16 autocast (optim.bf16_autocast)
+  budget-chunked  and the head's elementwise passes through torch.compile (optim.compile_head): the recipe's
+The first three run with the adapters in fp32 and none of them compiles the head.
 MFU counts 6N FLOPs per trained token and 2N per reference-pass token, non-pad tokens only, N = every linear
 weight of the model (untied LM head included; the embedding lookup is not a matmul), against the measured rate.
 
@@ -33,8 +34,10 @@ QWEN05 = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num
               rms_norm_eps=1e-6, tie_word_embeddings=False)  # Qwen2.5-0.5B-Instruct's config.json, untied as the GGUF
 TINY = dict(QWEN05, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512)  # --shape tiny: a CPU check of the bench itself
-VARIANTS = {"fixed8-full": (8, 0, False, False), "fixed8-chunked": (8, 0, True, False),  # (rows, tokens, chunked head,
-            "budget-chunked-fp32lora": (64, None, True, False), "budget-chunked": (64, None, True, True)}  # autocast)
+VARIANTS = {  # (rows, tokens, chunked head, bf16 autocast, compiled head); tokens None = --budget-tokens
+    "fixed8-full": (8, 0, False, False, False), "fixed8-chunked": (8, 0, True, False, False),
+    "budget-chunked-fp32lora": (64, None, True, False, False), "budget-chunked-eager": (64, None, True, True, False),
+    "budget-chunked": (64, None, True, True, True)}
 
 
 class LogitsOnly(torch.nn.Module):
@@ -102,9 +105,11 @@ def fake_batch(lengths: list[int], prompt_tokens: int, vocab: int, group: int = 
                            logprobs=[tuple([-1.0] * len(c)) for c in comps])
 
 
-def time_variant(policy, t, rows: int, tokens: int, chunked: bool, autocast: bool, reps: int) -> dict:
+def time_variant(policy, t, rows: int, tokens: int, chunked: bool, autocast: bool, compiled: bool,
+                 reps: int) -> dict:
     cfg = load_config(GrpoConfig, None, [f"optim.micro_batch_size={rows}", f"optim.micro_batch_tokens={tokens}",
-                                         "optim.grad_clip=1.0", f"optim.bf16_autocast={str(autocast).lower()}"])
+                                         "optim.grad_clip=1.0", f"optim.bf16_autocast={str(autocast).lower()}",
+                                         f"optim.compile_head={str(compiled).lower()}"])
     model = policy if chunked else LogitsOnly(policy)
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-6)
     micros = micro_batches(t, rows, tokens)
@@ -114,7 +119,7 @@ def time_variant(policy, t, rows: int, tokens: int, chunked: bool, autocast: boo
     for i in range(reps + 1):  # the first is warm-up
         sync()
         t0 = time.perf_counter()
-        ref = frozen_logprobs(model, t, 1.0, micros, adapters_off=True, autocast=autocast)
+        ref = frozen_logprobs(model, t, 1.0, micros, adapters_off=True, autocast=autocast, compile_head=compiled)
         sync()
         t1 = time.perf_counter()
         optimizer_step(model, t, opt, cfg, None, ref, first=True, micros=micros)
@@ -154,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
            "completion_tokens": int(t.mask.sum()), "metrics": str(a.metrics), "step": a.step, "variants": {}}
     print(f"bf16 matmul {peak:.0f} TFLOP/s; {t.n} sequences, {seq_tokens} tokens, N = {n_linear / 1e6:.0f}M")
     for name in a.variants.split(","):
-        rows, tokens, chunked, autocast = VARIANTS[name]
-        r = time_variant(policy, t, rows, a.budget_tokens if tokens is None else tokens, chunked, autocast, a.reps)
+        rows, tokens, chunked, autocast, compiled = VARIANTS[name]
+        r = time_variant(policy, t, rows, a.budget_tokens if tokens is None else tokens, chunked, autocast, compiled,
+                         a.reps)
         flops = 6 * n_linear * seq_tokens + 2 * n_linear * seq_tokens  # update + reference pass
         r["mfu"] = flops / (r["update_s"] + r["reference_s"]) / (peak * 1e12)
         r["update_mfu"] = 6 * n_linear * seq_tokens / r["update_s"] / (peak * 1e12)
@@ -187,10 +193,10 @@ def profile_variant(policy, t, name: str, budget_tokens: int, path: Path) -> str
     """Two more reference passes + updates of variant `name` (time_variant with one repeat) under torch.profiler: the operators by device time (the
     table written to `path`), to see where the update's time goes beside the matmuls that MFU counts."""
     from torch.profiler import ProfilerActivity, profile
-    rows, tokens, chunked, autocast = VARIANTS[name]
+    rows, tokens, chunked, autocast, compiled = VARIANTS[name]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
-        time_variant(policy, t, rows, budget_tokens if tokens is None else tokens, chunked, autocast, 1)
+        time_variant(policy, t, rows, budget_tokens if tokens is None else tokens, chunked, autocast, compiled, 1)
     key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=60)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from scalelab.grpo.advantages import token_entropy, token_logprobs
-from scalelab.grpo.batch import (Micro, body_and_head, frame_logprobs_entropy, frozen_logprobs, head_logprobs,
-                                 micro_batches)
+from scalelab.grpo.batch import Micro, body_and_head, frame_logprobs_entropy, frozen_logprobs, micro_batches
 from scalelab.grpo.checkpoint import trainable_state
+from scalelab.grpo.head import head_logprobs
 from scalelab.grpo.train import optimizer_step
 from tests.bench_script import load_bench
 from tests.grpo.test_train import _step_tensors, make
@@ -66,22 +66,31 @@ def test_cropped_micro_batches_and_the_chunked_head_match_the_full_frame(tmp_pat
             torch.testing.assert_close(frozen_logprobs(model, t, 0.7, micros, False), want_lp, atol=1e-5, rtol=1e-5)
 
 
-def test_head_chunks_give_the_unchunked_gradient():
+@pytest.mark.parametrize("bias", [False, True])
+def test_head_chunks_give_the_unchunked_gradient(bias):
     torch.manual_seed(0)
-    head = torch.nn.Linear(6, 11, bias=False)
+    head = torch.nn.Linear(6, 11, bias=bias)
     h = torch.randn(7, 6, requires_grad=True)
     targets = torch.randint(0, 11, (7,))
     grads = []
-    for rows in (7, 2):  # one chunk vs four (checkpointed, recomputed in the backward)
+    for rows in (7, 2):  # one chunk vs four (each recomputed in the backward)
         head.zero_grad()
         h.grad = None
         lp, ent = head_logprobs(head, h, targets, 1.3, rows, entropy=True)
         (lp * torch.arange(7.0)).sum().backward()
-        grads.append((h.grad.clone(), head.weight.grad.clone(), lp.detach(), ent))
-    want = torch.log_softmax(head(h).detach() / 1.3, -1).gather(1, targets[:, None]).squeeze(1)
-    torch.testing.assert_close(grads[0][2], want)
+        grads.append((h.grad.clone(), head.weight.grad.clone(), lp.detach(), ent,
+                      head.bias.grad.clone() if bias else torch.zeros(())))
     for a, b in zip(grads[0], grads[1]):
         torch.testing.assert_close(a, b)
+    head.zero_grad()  # autograd through the plain formula: the recomputing backward's gradients must equal it
+    h.grad = None
+    want = torch.log_softmax(head(h) / 1.3, -1).gather(1, targets[:, None]).squeeze(1)
+    (want * torch.arange(7.0)).sum().backward()
+    torch.testing.assert_close(grads[0][2], want.detach())
+    torch.testing.assert_close(grads[0][0], h.grad)
+    torch.testing.assert_close(grads[0][1], head.weight.grad)
+    if bias:
+        torch.testing.assert_close(grads[0][4], head.bias.grad)
     p = torch.softmax(head(h).detach() / 1.3, -1)
     torch.testing.assert_close(grads[1][3], -(p * p.log()).sum(-1))
 

@@ -1,14 +1,16 @@
 """bf16 autocast for a bf16 base with fp32 LoRA adapters (grpo.precision): applied only there, the adapters then see
 bf16 inputs instead of fp32 copies, their weights and gradients stay fp32, and log-probs and gradients agree with
-the fp32-adapter computation to bf16 precision. The chunked head computes each chunk's entropy once, not again in
-the checkpoint's recomputation."""
+the fp32-adapter computation to bf16 precision. The chunked head computes each chunk's statistics (entropy
+included) once, and only the gradient in the backward."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from scalelab.core.config import load_config
-from scalelab.grpo import batch as batch_mod
-from scalelab.grpo.batch import collate, frozen_logprobs, head_logprobs, micro_batches
+from scalelab.grpo import head as head_mod
+from scalelab.grpo.batch import collate, frozen_logprobs, micro_batches
+from scalelab.grpo.head import head_logprobs
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.precision import compute_autocast, wants_autocast
 from scalelab.grpo.train import optimizer_step
@@ -88,22 +90,58 @@ def test_autocast_gives_the_fp32_adapter_results_to_bf16_precision():
         assert float((got - want).norm() / want.norm()) < 0.05, name
 
 
-def test_the_checkpointed_head_computes_each_chunk_entropy_once(monkeypatch):
+def test_the_head_computes_each_chunk_statistics_once_and_only_the_gradient_in_the_backward():
+    from scalelab.grpo.head import EAGER, HeadOps
     calls = []
-    original = batch_mod._HeadChunk.__call__
-
-    def spy(self, h, targets):
-        calls.append(self.want_entropy)
-        return original(self, h, targets)
-
-    monkeypatch.setattr(batch_mod._HeadChunk, "__call__", spy)
+    ops = HeadOps(False)
+    ops.stats = lambda *a: calls.append("stats") or EAGER.stats(*a)
+    ops.grad = lambda *a: calls.append("grad") or EAGER.grad(*a)
     head = torch.nn.Linear(16, 50, bias=False)
     h = torch.randn(10, 16, requires_grad=True)
     targets = torch.randint(0, 50, (10,))
-    logp, ent = head_logprobs(head, h, targets, 1.0, 4, entropy=True)
-    logp.sum().backward()
-    assert calls == [True, True, True, False, False, False]  # 3 chunks forward with entropy, 3 recomputed without
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(head_mod, "head_ops", lambda compiled: ops)
+        logp, ent = head_logprobs(head, h, targets, 1.0, 4, entropy=True)
+        logp.sum().backward()
+    assert calls == ["stats"] * 3 + ["grad"] * 3  # 3 chunks: statistics forward, the gradient backward
     logits = head(h.detach()).float()
     want = -(torch.log_softmax(logits, -1).exp() * torch.log_softmax(logits, -1)).sum(-1)
     torch.testing.assert_close(ent, want)
     torch.testing.assert_close(logp, torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1))
+
+
+@pytest.mark.slow
+def test_compiled_head_passes_equal_the_eager_ones_at_any_row_count():
+    """torch.compile (Inductor on the CPU here) of the two passes: the same statistics and gradient as eager, for
+    chunks of different row counts through one dynamic graph, bf16 logits as the GPU gives them."""
+    from scalelab.grpo.head import EAGER, HeadOps
+    compiled = HeadOps(True)
+    g = torch.Generator().manual_seed(3)
+    for rows in (7, 5):
+        logits = (3 * torch.randn(rows, 300, generator=g)).to(torch.bfloat16)
+        targets = torch.randint(0, 300, (rows,), generator=g)
+        for inv_t in (1.0, 1 / 0.7):
+            want = EAGER.stats(logits, targets, inv_t, True)
+            got = compiled.stats(logits, targets, inv_t, True)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+            dlogp = torch.randn(rows, generator=g)
+            torch.testing.assert_close(compiled.grad(logits, targets, want[0], dlogp, inv_t),
+                                       EAGER.grad(logits, targets, want[0], dlogp, inv_t), atol=1e-2, rtol=1e-2)
+
+
+def test_a_compiler_failure_falls_back_to_eager_with_a_warning(monkeypatch):
+    from scalelab.grpo import head
+
+    def broken(fn, dynamic):
+        def call(*args):
+            raise RuntimeError("no compiler here")
+        return call
+
+    monkeypatch.setattr(head.torch, "compile", broken)
+    ops = head.HeadOps(True)
+    logits, targets = torch.randn(3, 20), torch.randint(0, 20, (3,))
+    with pytest.warns(RuntimeWarning, match="torch.compile of row_stats failed .*no compiler here"):
+        got = ops.stats(logits, targets, 1.0, True)
+    for a, b in zip(got, head.EAGER.stats(logits, targets, 1.0, True)):
+        torch.testing.assert_close(a, b)

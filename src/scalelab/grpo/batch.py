@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-import torch.utils.checkpoint
 
 from scalelab.grpo.advantages import token_entropy, token_logprobs
+from scalelab.grpo.head import head_logprobs
 from scalelab.grpo.precision import compute_autocast
 from scalelab.grpo.types import RolloutBatch
 
@@ -90,15 +90,18 @@ def micro_batches(t: StepTensors, max_rows: int, max_tokens: int = 0,
     return [Micro(torch.tensor(g, device=t.input_ids.device), int(n), max(int(n) - p_min, 1)) for g, n in groups]
 
 
-def frame_logprobs(model: Any, t: StepTensors, m: Micro, temperature: float) -> torch.Tensor:
+def frame_logprobs(model: Any, t: StepTensors, m: Micro, temperature: float,
+                   compile_head: bool = False) -> torch.Tensor:
     """(n, width) log softmax(logits / T) of each frame target under `model` (graph kept when grad is on)."""
-    return frame_logprobs_entropy(model, t, m, temperature, entropy=False)[0]
+    return frame_logprobs_entropy(model, t, m, temperature, entropy=False, compile_head=compile_head)[0]
 
 
 def frame_logprobs_entropy(model: Any, t: StepTensors, m: Micro, temperature: float, entropy: bool = True,
-                           head_rows: int = 2048) -> tuple[torch.Tensor, torch.Tensor | None]:
+                           head_rows: int = 2048,
+                           compile_head: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """frame_logprobs and, when `entropy`, the policy's entropy at each frame position (n, width), without graph.
-    Zero off the completion tokens (the loss masks them)."""
+    Zero off the completion tokens (the loss masks them). `compile_head`: the head's elementwise passes through
+    torch.compile on a GPU (grpo.head; optim.compile_head)."""
     ids, attn = t.input_ids[m.rows, :m.length], t.attention_mask[m.rows, :m.length]
     targets, mask = m.take(t.targets), m.take(t.mask).bool()
     split = body_and_head(model)
@@ -110,7 +113,8 @@ def frame_logprobs_entropy(model: Any, t: StepTensors, m: Micro, temperature: fl
     body, head = split
     h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
     h = h[:, m.length - m.width - 1:m.length - 1][mask]  # (tokens, d): completion positions only
-    logp, ent = head_logprobs(head, h, targets[mask], temperature, head_rows, entropy)
+    logp, ent = head_logprobs(head, h, targets[mask], temperature, head_rows, entropy,
+                              compiled=compile_head and h.is_cuda)
     zeros = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     return zeros.masked_scatter(mask, logp), None if ent is None else zeros.masked_scatter(mask, ent)
 
@@ -127,56 +131,12 @@ def body_and_head(model: Any) -> tuple[Any, Any] | None:
     return body, head
 
 
-class _HeadChunk:
-    """log softmax(head(h) / T) at the targets of one chunk, and once its entropy. Checkpointed, the function runs
-    again in the backward to rebuild what the gradient needs; the entropy (no graph) is computed on the first run
-    only, so the recomputation skips it."""
-
-    def __init__(self, head: Any, temperature: float, entropy: bool):
-        self.head, self.temperature, self.want_entropy = head, temperature, entropy
-        self.entropy: torch.Tensor | None = None
-
-    def __call__(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        scaled = self.head(h).float()  # (rows, V) fp32: one chunk's worth
-        if self.temperature != 1.0:  # a pass over the chunk saved at the usual T = 1
-            scaled = scaled / self.temperature
-        lse = torch.logsumexp(scaled, dim=-1)
-        logp = scaled.gather(1, targets[:, None]).squeeze(1) - lse
-        if self.want_entropy:
-            self.want_entropy = False
-            with torch.no_grad():
-                logp_all = scaled - lse[:, None]
-                self.entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logp
-
-
-def head_logprobs(head: Any, h: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int,
-                  entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(head(h) / T) at `targets` for h (tokens, d), `rows` tokens at a time. Under grad each chunk is
-    checkpointed: its (rows, V) logits are recomputed in the backward instead of kept, so a 151,936-token vocabulary
-    costs one chunk of memory rather than tokens x V fp32 (the idea of Liger's fused linear cross-entropy, Hsu et
-    al. 2024), and positions that are prompt or padding never reach the head at all."""
-    lps, ents = [], []
-    for s in range(0, h.shape[0], rows):
-        chunk = _HeadChunk(head, temperature, entropy)
-        args = (h[s:s + rows], targets[s:s + rows])
-        if torch.is_grad_enabled():
-            lp = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False)
-        else:
-            lp = chunk(*args)
-        lps.append(lp)
-        if entropy:
-            ents.append(chunk.entropy)
-    if not lps:
-        return h.new_zeros(0, dtype=torch.float32), (h.new_zeros(0, dtype=torch.float32) if entropy else None)
-    return torch.cat(lps), torch.cat(ents) if entropy else None
-
-
 @torch.no_grad()
 def frozen_logprobs(model: Any, t: StepTensors, temperature: float, micros: list[Micro],
-                    adapters_off: bool, autocast: bool = True) -> torch.Tensor:
+                    adapters_off: bool, autocast: bool = True, compile_head: bool = False) -> torch.Tensor:
     """(N, W) for the reference (LoRA: adapters disabled) or pi_old, in micro-batches, no graph; `autocast`: the
-    forward in bf16 where grpo.precision says it applies (optim.bf16_autocast)."""
+    forward in bf16 where grpo.precision says it applies (optim.bf16_autocast); `compile_head` as in
+    frame_logprobs_entropy."""
     was_training = model.training
     model.eval()
     out = torch.zeros(t.mask.shape, dtype=torch.float32, device=t.mask.device)
@@ -184,7 +144,7 @@ def frozen_logprobs(model: Any, t: StepTensors, temperature: float, micros: list
         ctx = model.disable_adapter() if adapters_off else contextlib.nullcontext()
         with ctx, compute_autocast(model, autocast and not adapters_off):
             for m in micros:
-                out[m.rows, :m.width] = frame_logprobs(model, t, m, temperature)
+                out[m.rows, :m.width] = frame_logprobs(model, t, m, temperature, compile_head)
         return out
     finally:
         model.train(was_training)

@@ -215,6 +215,10 @@ class OptimConfig:
                                       "the adapters' matmuls then run in bf16 on the tensor cores instead of as "
                                       "fp32 GEMMs on copied activations; their weights, gradients and AdamW state "
                                       "stay fp32 (grpo.precision). No effect on an fp32 or fully trained model")
+    compile_head: bool = param(True, "on a GPU, the LM head's two elementwise passes per chunk (log-sum-exp, "
+                                     "target log-prob and entropy; the gradient) through torch.compile, fused "
+                                     "into kernels that read the bf16 logits once instead of making fp32 copies "
+                                     "(grpo.head); eager on the CPU")
     micro_batch_tokens: int = param(0, "when > 0: the step's sequences sorted by length into forward/backward "
                                        "passes of at most this many padded tokens (and micro_batch_size rows); "
                                        "0 = fixed slices of micro_batch_size in rollout order", ge=0)

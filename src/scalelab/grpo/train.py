@@ -147,7 +147,8 @@ def optimizer_step(policy: Any, t: StepTensors, optimizer: torch.optim.Optimizer
     optimizer.zero_grad(set_to_none=True)
     for m in step_micros(t, cfg) if micros is None else micros:
         with compute_autocast(policy, cfg.optim.bf16_autocast):
-            logp, entropy = frame_logprobs_entropy(policy, t, m, cfg.rollout.temperature, entropy=first)
+            logp, entropy = frame_logprobs_entropy(policy, t, m, cfg.rollout.temperature, entropy=first,
+                                                   compile_head=cfg.optim.compile_head)
         old = m.take(old_logp) if old_logp is not None else logp.detach()
         terms = grpo_loss(logp, old, t.advantages[m.rows], m.take(t.mask), norm, settings,
                           behavior_logp=m.take(t.behavior_logp),
@@ -314,11 +315,12 @@ def learn(loop: Loop, step: int, batch: RolloutBatch, plan: BatchPlan, timer: Ph
         with timer.phase("reference"):
             ref_model = parts.reference if parts.reference is not None else parts.policy
             ref_logp = frozen_logprobs(ref_model, t, cfg.rollout.temperature, micros,
-                                       adapters_off=parts.reference is None, autocast=cfg.optim.bf16_autocast)
+                                       adapters_off=parts.reference is None, autocast=cfg.optim.bf16_autocast,
+                                       compile_head=cfg.optim.compile_head)
     if cfg.loss.updates_per_batch > 1:
         with timer.phase("old_logprob"):
             old_logp = frozen_logprobs(parts.policy, t, cfg.rollout.temperature, micros, False,
-                                       autocast=cfg.optim.bf16_autocast)
+                                       autocast=cfg.optim.bf16_autocast, compile_head=cfg.optim.compile_head)
     with timer.phase("update"):
         for g in loop.optimizer.param_groups:
             g["lr"] = lr_at(step, cfg)
