@@ -71,3 +71,28 @@ def test_resolve_dtype():
     assert hfmodel.resolve_dtype("bfloat16", torch.device("cpu")) is torch.bfloat16
     with pytest.raises(ValueError, match="float64"):
         hfmodel.resolve_dtype("float64", torch.device("cpu"))
+
+
+@pytest.mark.slow
+def test_a_gguf_is_parsed_once_per_load_and_gives_what_three_parses_gave(smollm2_gguf, monkeypatch):
+    """transformers builds a GGUFReader for the tokenizer, the config and the weights; within load_gguf one reader
+    serves all three, the weights and vocabulary come out as three fresh readers give them, and the gguf module
+    is left as it was."""
+    import gguf
+    original, built = gguf.GGUFReader, []
+
+    def counting(*a, **k):
+        built.append(a[0])
+        return original(*a, **k)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    once_model, once_tok = hfmodel.load_gguf(smollm2_gguf)
+    assert len(built) == 1 and gguf.GGUFReader is counting
+    with monkeypatch.context() as m:  # three readers, as transformers alone builds them
+        m.setattr(gguf_cache, "one_gguf_reader", __import__("contextlib").nullcontext)
+        thrice_model, thrice_tok = hfmodel.load_gguf(smollm2_gguf)
+    assert len(built) == 4
+    assert once_tok.get_vocab() == thrice_tok.get_vocab()
+    want = thrice_model.state_dict()
+    for name, tensor in once_model.state_dict().items():
+        assert torch.equal(tensor, want[name]), name

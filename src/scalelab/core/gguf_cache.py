@@ -7,6 +7,7 @@ so the dequantization happens once per machine and later loads take about a seco
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -96,9 +97,32 @@ def load_gguf(gguf: str | Path):
     """(model, tokenizer) dequantized from a GGUF by transformers; the model still has a quantization_config."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: transformers takes seconds to import
     gguf = Path(gguf)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    with one_gguf_reader():
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def one_gguf_reader():
+    """Within the block, gguf.GGUFReader built once per file. transformers reads a GGUF three times over (the
+    tokenizer, the config, the weights), each time with a new reader that walks the header's ~150,000-entry
+    vocabulary arrays one element at a time: most of the seconds a Qwen2.5 GGUF takes to load. transformers
+    imports the class from the gguf module at each call, so replacing the module's attribute reaches it."""
+    import gguf as gguf_pkg
+    original, readers = gguf_pkg.GGUFReader, {}
+
+    def reader(path, *args, **kwargs):
+        key = (str(Path(path).resolve()), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = original(path, *args, **kwargs)
+        return readers[key]
+
+    gguf_pkg.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf_pkg.GGUFReader = original
 
 
 def plain_copy(model, dtype: torch.dtype = torch.float32):
