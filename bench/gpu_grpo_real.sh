@@ -14,7 +14,9 @@
 #   bash bench/gpu_grpo_real.sh poll SECONDS         wait up to SECONDS (or until work ends), results to $OUT/runs.tgz
 # Every part resumes (run checkpoints, per-task battery records), so `work` run again continues a cut-off window.
 #   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), WORK_S (default 1140), SEED (default 0),
-#        LRS (default "2e-5 5e-5"), PARTS (default "battery recipe collapse", side by side; also "staleness"),
+#        LRS (default "2e-5 5e-5"), TEMPS (rollout temperatures, one run per LRS x TEMPS; default the
+#        recipe's), UB_VARIANTS (the update bench's),
+#        PARTS (default "battery recipe collapse", side by side; also "staleness"),
 #        SOLO_PARTS (run first, alone, e.g. "update_bench update_profile rollout_bench"), RB_CASES (the rollout bench's cases,
 #        default "real-colocated real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"), STALE_STEPS, STALE_JOBS (default 40, 3),
 #        STALE_K0, STALE_IS0, STALE_K1 (the k lists of seeds 0 and 1; STALE_K1="" skips seed 1),
@@ -83,10 +85,12 @@ setup() {  # $1 = the folder holding the chunk set's manifest and chunks
 torch.cuda.get_device_name())"
 }
 
-recipe_run() {  # $1 = learning rate: train until 330 s before the end, then score it in and out of domain
-  local name=recipe-lr$1-s$SEED
+recipe_run() {  # $1 = learning rate, $2 = sampling temperature (empty: the recipe's): train until 330 s before
+  # the end, then score it in and out of domain
+  local name=recipe-lr$1${2:+-t$2}-s$SEED
   END=$((END - 330)) grpo "$name" --config "$RECIPE" --set run.out_dir="\"$RUNS\"" \
-    --set run.name="\"$name\"" --set optim.lr=$1 --set train.seed=$SEED ${RECIPE_SETS:+$RECIPE_SETS}
+    --set run.name="\"$name\"" --set optim.lr=$1 ${2:+--set rollout.temperature=$2} --set train.seed=$SEED \
+    ${RECIPE_SETS:+$RECIPE_SETS}
   sl grpo eval "$RUNS/$name" >> "$LOGS/$name.log" 2>&1  # a run stopped by its budget is scored at that step
   sl grpo export "$RUNS/$name" "/tmp/exports/$name" >> "$LOGS/$name.log" 2>&1 || return 1
   timeout -s INT "$(left)" python3 -m scalelab.cli evals battery --model "/tmp/exports/$name" \
@@ -94,9 +98,14 @@ recipe_run() {  # $1 = learning rate: train until 330 s before the end, then sco
     --engine-flag gpu-memory-utilization=0.1 >> "$LOGS/$name.log" 2>&1
 }
 
-recipe() {  # one run per learning rate, side by side on the GPU (vLLM engines start one at a time: a lock)
-  local lr pids=()
-  for lr in $LRS; do recipe_run "$lr" & pids+=($!); sleep 5; done
+recipe() {  # one run per learning rate and temperature (TEMPS), side by side on the GPU (vLLM engines start one at
+  # a time: a lock)
+  local lr temp pids=()
+  for lr in $LRS; do
+    for temp in ${TEMPS:--}; do  # "-": the recipe's own temperature
+      recipe_run "$lr" "${temp#-}" & pids+=($!); sleep "${STAGGER_S:-5}"
+    done
+  done
   wait "${pids[@]}"
 }
 
@@ -115,6 +124,7 @@ collapse() {  # the shipped recipe on the real model (as a new user ran it), the
 update_bench() {  # the update alone on the GPU beside the measured matmul rate (SOLO_PARTS: before the rest)
   mkdir -p "$RUNS/update-bench"
   timeout -s INT "${UB_S:-240}" python3 bench/grpo_update_bench.py --out "$RUNS/update-bench/update_bench.json" \
+    --variants "${UB_VARIANTS:-budget-chunked-fp32lora,budget-chunked-eager,budget-chunked}" --reps 3 \
     --metrics results/h200/grpo/qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0/metrics.jsonl \
     >> "$LOGS/update_bench.log" 2>&1
 }

@@ -1,0 +1,63 @@
+"""bench/gpu_grpo_real.sh's recipe part with a stand-in python3: one `grpo train` per learning rate and rollout
+temperature, each named after both, with the recipe's temperature when TEMPS is not set; then its evaluation,
+export and battery calls."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# records its argv, one line per call, and succeeds
+STAND_IN = """#!/usr/bin/env bash
+echo "$*" >> "$CALLS"
+"""
+
+
+def _work(tmp_path: Path, **env: str) -> list[list[str]]:
+    bindir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "python3").write_text(STAND_IN)
+    (bindir / "python3").chmod(0o755)
+    calls.unlink(missing_ok=True)
+    run_env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "CALLS": str(calls), "PARTS": "recipe",
+               "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"), "WORK_S": "1000", "STAGGER_S": "0",
+               **env}
+    run = subprocess.run(["bash", "bench/gpu_grpo_real.sh", "work"], cwd=REPO, env=run_env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return [shlex.split(line) for line in calls.read_text().splitlines()]
+
+
+def _trains(calls: list[list[str]]) -> dict[str, list[str]]:
+    return {_run_name(argv): argv for argv in calls if argv[:4] == ["-m", "scalelab.cli", "grpo", "train"]}
+
+
+def _run_name(argv: list[str]) -> str:
+    (name,) = [a.split("=", 1)[1].strip('"') for a in argv if a.startswith("run.name=")]
+    return name
+
+
+@pytest.mark.slow
+def test_one_run_per_learning_rate_and_temperature(tmp_path):
+    calls = _work(tmp_path, LRS="5e-5 1e-4", TEMPS="1.0 0.7")
+    trains = _trains(calls)
+    assert sorted(trains) == ["recipe-lr1e-4-t0.7-s0", "recipe-lr1e-4-t1.0-s0", "recipe-lr5e-5-t0.7-s0",
+                              "recipe-lr5e-5-t1.0-s0"]
+    argv = trains["recipe-lr5e-5-t0.7-s0"]
+    assert "optim.lr=5e-5" in argv and "rollout.temperature=0.7" in argv and "train.seed=0" in argv
+    for name in trains:  # each run is then scored, exported and given its out-of-domain battery
+        assert any(a[:4] == ["-m", "scalelab.cli", "grpo", "eval"] and a[4].endswith(name) for a in calls)
+        assert any(a[:4] == ["-m", "scalelab.cli", "evals", "battery"] and f"/tmp/exports/{name}" in a
+                   for a in calls)
+
+
+@pytest.mark.slow
+def test_without_temps_the_recipe_keeps_its_own_temperature(tmp_path):
+    trains = _trains(_work(tmp_path, LRS="5e-5"))
+    assert list(trains) == ["recipe-lr5e-5-s0"]
+    assert not any(a.startswith("rollout.temperature=") for a in trains["recipe-lr5e-5-s0"])
