@@ -17,8 +17,10 @@
 #        LRS (default "2e-5 5e-5"), TEMPS (rollout temperatures, one run per LRS x TEMPS; default the
 #        recipe's), UB_VARIANTS (the update bench's),
 #        PARTS (default "battery recipe collapse", side by side; also "staleness"),
-#        SOLO_PARTS (run first, alone, e.g. "update_bench update_profile rollout_bench"), RB_CASES (the rollout bench's cases,
-#        default "real-colocated real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"), STALE_STEPS, STALE_JOBS (default 40, 3),
+#        SOLO_PARTS (run first, alone, e.g. "update_bench update_profile rollout_bench"),
+#        RB_CASES (the rollout bench's cases, default
+#        "real-colocated real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"),
+#        STALE_STEPS, STALE_JOBS (default 40, 3),
 #        STALE_K0, STALE_IS0, STALE_K1 (the k lists of seeds 0 and 1; STALE_K1="" skips seed 1),
 #        AFTER_TASKS (the exported policies' battery, default math500: GSM8K is the run's own final evaluation),
 #        RECIPE_SETS (more `--set K=V` arguments for the recipe runs, e.g. "--set train.max_steps=100"),

@@ -190,8 +190,9 @@ def provenance() -> dict:
 
 
 def profile_variant(policy, t, name: str, budget_tokens: int, path: Path) -> str:
-    """Two more reference passes + updates of variant `name` (time_variant with one repeat) under torch.profiler: the operators by device time (the
-    table written to `path`), to see where the update's time goes beside the matmuls that MFU counts."""
+    """Two more reference passes + updates of variant `name` (time_variant with one repeat) under torch.profiler:
+    the operators by device time (the table written to `path`), to see where the update's time goes beside the
+    matmuls that MFU counts."""
     from torch.profiler import ProfilerActivity, profile
     rows, tokens, chunked, autocast, compiled = VARIANTS[name]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])

@@ -98,8 +98,17 @@ def same_content(pointer: Path) -> bytes:
     """The plain content a `.same` pointer stands for: its target's, patched, checked against its sha256."""
     try:
         ref = json.loads(pointer.read_text())
+    except ValueError as e:
+        raise ValueError(f"{pointer}: not a record pointer {{same_as, sha256[, patch]}}: {e}") from None
+    return pointer_content(pointer, ref)
+
+
+def pointer_content(pointer: Path, ref: Any) -> bytes:
+    """What a pointer at `pointer` holding `ref` (its parsed JSON) reads as; recordgz checks a pointer with it
+    before writing one."""
+    try:
         target, digest, patch = pointer.parent / ref["same_as"], ref["sha256"], ref.get("patch", {})
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{pointer}: not a record pointer {{same_as, sha256[, patch]}}: {e}") from None
     found = stored(target)
     if found is None or found.suffix == SAME:

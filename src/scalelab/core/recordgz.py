@@ -27,14 +27,14 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import lzma
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalelab.core.jsonio import (GZ, SAME, XZ, find_stored, forms, json_text, logical, read_bytes, same_content,
+from scalelab.core.jsonio import (GZ, SAME, XZ, find_stored, forms, json_text, logical, pointer_content, read_bytes,
                                   stored)
 
 SUFFIXES = (".json", ".jsonl")
@@ -170,20 +170,15 @@ def point(copy: Path, kept: Path, patch: dict) -> Path:
     copy's content, after checking that the pointer reads back as exactly that content."""
     data = read_bytes(copy)
     pointer = copy.with_name(copy.name + SAME)
-    ref = {"same_as": os.path.relpath(kept, copy.parent), "sha256": hashlib.sha256(data).hexdigest()}
-    tmp = copy.with_name(copy.name + ".same-check" + SAME)
-    tmp.write_text(json.dumps({**ref, **({"patch": patch} if patch else {})}, indent=1) + "\n")
-    try:
-        if same_content(tmp) != data:
-            raise ValueError(f"{copy}: its pointer to {kept} does not read back as its content")
-    finally:
-        text = tmp.read_text()
-        tmp.unlink()
+    ref = {"same_as": os.path.relpath(kept, copy.parent), "sha256": hashlib.sha256(data).hexdigest(),
+           **({"patch": patch} if patch else {})}
+    if pointer_content(pointer, ref) != data:
+        raise ValueError(f"{copy}: its pointer to {kept} does not read back as its content")
     tracked = any(f.exists() and _tracked(f) for f in forms(copy))
     for other in forms(copy):
         if other != pointer and other.exists():
             _drop(other)
-    pointer.write_text(text)
+    pointer.write_text(json.dumps(ref, indent=1) + "\n")
     if tracked:
         _git(pointer, "add", pointer.name)
     return pointer
@@ -209,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"compress plain files of at least this many KiB (default {DEFAULT_MIN_KIB})")
     ap.add_argument("--dry-run", action="store_true", help="list what would be compressed, change nothing")
     ap.add_argument("--dedup", action="store_true",
-                    help="replace byte-identical copies of a record by <name>.same pointers to the first")
+                    help="replace a record that repeats an earlier one of its name (equal, or up to a few "
+                         "top-level fields) by a <name>.same pointer to it")
     args = ap.parse_args(argv)
     if args.dedup:
         return dedup_main(args.paths, int(args.min_kib * 1024), args.dry_run)

@@ -9,9 +9,9 @@ the gradient directly,
     d logp_t / d logits_j = (onehot(t)_j - softmax(logits / T)_j) / T,
 
 which is one pass over the chunk; re-running the forward under autograd (torch.utils.checkpoint) would redo the
-log-sum-exp and the entropy and then backpropagate through them. The row statistics (log-sum-exp, target logit, entropy) and the
-gradient are each one elementwise pass over the chunk; `compiled` hands them to torch.compile, which fuses each
-into a kernel that reads the bf16 logits once instead of making fp32 copies of them.
+log-sum-exp and the entropy and then backpropagate through them. The row statistics (log-sum-exp, target logit,
+entropy) and the gradient are each one elementwise pass over the chunk; `compiled` hands them to torch.compile,
+which fuses each into a kernel that reads the bf16 logits once instead of making fp32 copies of them.
 """
 from __future__ import annotations
 
