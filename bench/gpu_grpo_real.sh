@@ -210,9 +210,13 @@ work() {
   echo "work done after $SECONDS s" > "$RUNS/work.done"
 }
 
-poll() {  # $1 = seconds to wait at most
-  local until=$((SECONDS + $1))
-  while [ $SECONDS -lt "$until" ] && [ ! -f "$RUNS/work.done" ]; do sleep 10; done
+poll() {  # $1 = seconds to wait at most; packs every 120 s too, so a call cut by the device's time limit still
+  # brings back what was done by then
+  local until=$((SECONDS + $1)) packed=$SECONDS
+  while [ $SECONDS -lt "$until" ] && [ ! -f "$RUNS/work.done" ]; do
+    sleep 10
+    [ $((SECONDS - packed)) -lt 120 ] || { pack; packed=$SECONDS; }
+  done
   pack
   for f in "$LOGS"/*.log; do echo "== $(basename "$f")"; grep -E "^step|held-out|budget|rror|wrote|gsm8k|math500" "$f" \
     | tail -3 | cut -c1-220; done
