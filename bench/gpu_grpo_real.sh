@@ -12,6 +12,7 @@
 #                                                    with the evaluation sets), install, dequantize the model
 #   bash bench/gpu_grpo_real.sh launch               start `work` in a session of its own (it outlives the call)
 #   bash bench/gpu_grpo_real.sh poll SECONDS         wait up to SECONDS (or until work ends), results to $OUT/runs.tgz
+#   bash bench/gpu_grpo_real.sh part NAME...          run parts in the foreground of this call, results as poll's
 # Every part resumes (run checkpoints, per-task battery records), so `work` run again continues a cut-off window.
 #   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), WORK_S (default 1140), SEED (default 0),
 #        LRS (default "2e-5 5e-5"), TEMPS (rollout temperatures, one run per LRS x TEMPS; default the
@@ -231,7 +232,8 @@ case "${1:-}" in
   launch) rm -f "$RUNS/work.done"; setsid nohup bash "$0" work > "$RUNS/work.log" 2>&1 < /dev/null &
           sleep 2; echo "launched work (pid $!), window ${WORK_S} s" ;;
   work) work ;;
+  part) shift; for p in "$@"; do "$p"; done; pack ;;  # named parts now, in this call (e.g. update_bench: no model)
   poll) poll "${2:?usage: bash bench/gpu_grpo_real.sh poll SECONDS}" ;;
-  *) echo "usage: bash bench/gpu_grpo_real.sh prep [CHUNK_DIR] | bundle | setup CHUNK_DIR | launch | work |" \
+  *) echo "usage: bash bench/gpu_grpo_real.sh prep [CHUNK_DIR] | bundle | setup CHUNK_DIR | launch | work | part NAME... |" \
           "poll SECONDS" >&2; exit 2 ;;
 esac
