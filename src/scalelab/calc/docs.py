@@ -4,6 +4,7 @@ read from a committed result document.
 
     load_page(manifest) -> Page   read: the manifest, its prose file and the result documents its blocks name
     render(page) -> str           compute + render: one function per block kind; calc's engines run each command
+    calc_block(args, results)     one calc command and what it prints (also placed by other jobs' pages)
     docs(manifest, out) -> Path   save
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from scalelab.calc.docs_measured import calibration_lines, collectives_lines
 from scalelab.calc.report import render as render_tables
@@ -93,19 +94,27 @@ def _prose(p: Page, b: Mapping) -> str:
     return p.prose[b["prose"]]
 
 
-def _calc(p: Page, b: Mapping) -> str:
-    """The command as a reader would type it, then what it prints: Markdown as is, text in a code block.
-    `tables` keeps only the tables of those titles (the sentences are always shown)."""
-    args = parser().parse_args([*shlex.split(b["calc"]), "--results", str(p.results)])
-    tables, sentences = args.written(args)
-    if "tables" in b:
-        absent = set(b["tables"]) - {t.title for t in tables}
+def calc_block(args: str, results: Path, tables: Sequence[str] | None = None) -> str:
+    """`scalelab calc ARGS` as a reader would type it, then what it prints, computed in-process with link fits
+    from `results`: Markdown as is, text in a code block. `tables` keeps only the tables of those titles (the
+    sentences are always shown); a title the command does not print is a ManifestError."""
+    parsed = parser().parse_args([*shlex.split(args), "--results", str(results)])
+    printed, sentences = parsed.written(parsed)
+    if tables is not None:
+        absent = set(tables) - {t.title for t in printed}
         if absent:
-            raise ManifestError(f"{p.manifest.path}: `calc {b['calc']}` prints no table {sorted(absent)}")
-        tables = [t for t in tables if t.title in b["tables"]]
-    text = render_tables(tables, sentences, args.format).rstrip("\n")
-    shown = f"```\n$ scalelab calc {b['calc']}\n```"
-    return f"{shown}\n\n{text}" if args.format == "md" else f"{shown}\n\n```\n{text}\n```"
+            raise ManifestError(f"`calc {args}` prints no table {sorted(absent)}")
+        printed = [t for t in printed if t.title in tables]
+    text = render_tables(printed, sentences, parsed.format).rstrip("\n")
+    shown = f"```\n$ scalelab calc {args}\n```"
+    return f"{shown}\n\n{text}" if parsed.format == "md" else f"{shown}\n\n```\n{text}\n```"
+
+
+def _calc(p: Page, b: Mapping) -> str:
+    try:
+        return calc_block(b["calc"], p.results, b.get("tables"))
+    except ManifestError as e:
+        raise ManifestError(f"{p.manifest.path}: {e}") from None
 
 
 def _calibration(p: Page, b: Mapping) -> str:

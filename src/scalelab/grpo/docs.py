@@ -1,32 +1,36 @@
-"""docs/grpo.md, the rollout-infrastructure write-up, from a results folder alone.
+"""docs/grpo.md: a page of blocks from its manifest (docs/grpo.toml), or, from a results folder alone, the flat
+list of sections below.
 
-    find_inputs(results_dir, named) -> DocInputs  read: the files a docs manifest (docs/grpo.toml) names, else the
-                                              first rollout_bench.json, seeds.json, staleness.json, hacking.json
-                                              found below the folder, and the GRPO run folder with the most
-                                              GPU-sampled (else most) steps
+    docs(manifest, out) -> Path               the manifest's page (docs_blocks): prose, calc output and sections
+                                              of any kind in KINDS, each reading the files its keys name
+    KINDS                                     every section kind: the toy-model studies and benches below
+                                              (EXISTING_KINDS), the real-model runs (docs_real) and benches
+                                              (docs_bench)
+    find_inputs(results_dir) -> DocInputs     read: the first rollout_bench.json, seeds.json, staleness.json,
+                                              hacking.json found below the folder, and the GRPO run folder with
+                                              the most GPU-sampled (else most) steps
     write_figures(d, fig_dir) -> {name: path} plot: every figure whose input exists
     render(d, figs) -> str                    render: one function per section; an absent input renders as
                                               "not measured yet", never as a number
-    docs(manifest) -> Path                    all three, for the folder and files the manifest names
     write_docs(results_dir, out) -> Path      all three, for a folder
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Collection
 
 import numpy as np
 
-from scalelab.core.jsonio import find_stored, is_stored, read_json, read_text
-from scalelab.core.sections import read_manifest, write_doc
-from scalelab.grpo import hacking, report, stalestudy
+from scalelab.core.jsonio import find_stored, read_json, read_text
+from scalelab.core.sections import write_doc
+from scalelab.grpo import docs_bench, docs_real, hacking, report, stalestudy
+from scalelab.grpo.docs_blocks import FIGURES, BlockKind, Inputs, write_page
 from scalelab.grpo.plots import figure, finish, save
 from scalelab.grpo.rolloutcost import step_cost_lines, step_costs
 from scalelab.grpo.serversync import server_sync_lines
 
 NOT_MEASURED = "Not measured yet"
-FIGURES = "figures"  # beside the Markdown file
 
 
 @dataclass(frozen=True)
@@ -87,20 +91,13 @@ def _bench_files(root: Path, primary: Path | None) -> tuple[list[tuple[str, dict
 INPUTS = ("rollout_bench", "seeds", "staleness", "hacking")
 
 
-def _named(root: Path, named: Mapping[str, str], key: str) -> Path | None:
-    p = root / named[key]
-    if not (p.is_dir() or is_stored(p)):   # a folder, or a file plain or gzipped in a committed folder
-        raise FileNotFoundError(f"{root}: the docs manifest's input {key} = {named[key]} does not exist")
-    return p
-
-
-def find_inputs(results_dir: str | Path, named: Mapping[str, str] | None = None, command: str = "") -> DocInputs:
-    """named: input -> path relative to results_dir (a docs manifest's [inputs]); the rest are searched for."""
-    root, named = Path(results_dir), named or {}
+def find_inputs(results_dir: str | Path, command: str = "") -> DocInputs:
+    """The first file of each input found below results_dir, the primary run, and every other bench file."""
+    root = Path(results_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such results folder")
-    files = {k: _named(root, named, k) if k in named else _first(root, f"{k}.json") for k in INPUTS}
-    run_dir = _named(root, named, "run") if "run" in named else _primary_run(root)
+    files = {k: _first(root, f"{k}.json") for k in INPUTS}
+    run_dir = _primary_run(root)
     sources = {k: str(p.relative_to(root)) for k, p in files.items() if p is not None}
     if run_dir is not None:
         sources["run"] = str(run_dir.relative_to(root)) or "."
@@ -138,23 +135,37 @@ def plot_sync_share(bench: dict, path: Path) -> Path:
     return save(fig, path)
 
 
-def write_figures(d: DocInputs, fig_dir: Path) -> dict[str, Path]:
-    out: dict[str, Path] = {}
+# figure key -> its file name (without .png): a block's figures add a suffix naming the block's input
+FIGURE_FILES = {"step_time": "grpo_step_time", "gpu": "grpo_gpu", "throughput": "grpo_rollout_throughput",
+                "sync": "grpo_weight_sync", "staleness": "grpo_staleness_curves",
+                "staleness_final": "grpo_staleness_final", "lengths": "grpo_hacking_lengths"}
+
+
+def _figure_makers(d: DocInputs) -> dict[str, Callable[[Path], Path]]:
+    """figure key -> the function drawing it to a path, for every figure whose input is there."""
+    out: dict[str, Callable[[Path], Path]] = {}
     if d.run is not None:
-        out["step_time"] = report.plot_step_time(d.run, fig_dir / "grpo_step_time.png")
+        out["step_time"] = lambda p: report.plot_step_time(d.run, p)
         if d.run.gpu is not None:
-            out["gpu"] = report.plot_gpu(d.run, fig_dir / "grpo_gpu.png")
+            out["gpu"] = lambda p: report.plot_gpu(d.run, p)
     if d.bench is not None:
-        out["throughput"] = plot_throughput(d.bench, fig_dir / "grpo_rollout_throughput.png")
+        out["throughput"] = lambda p: plot_throughput(d.bench, p)
         if d.bench.get("weight_sync"):
-            out["sync"] = plot_sync_share(d.bench, fig_dir / "grpo_weight_sync.png")
+            out["sync"] = lambda p: plot_sync_share(d.bench, p)
     if d.staleness is not None:
-        out["staleness"] = stalestudy.plot_curves(d.staleness["variants"], fig_dir / "grpo_staleness_curves.png")
-        out["staleness_final"] = stalestudy.plot_final(d.staleness["variants"], fig_dir / "grpo_staleness_final.png")
+        out["staleness"] = lambda p: stalestudy.plot_curves(d.staleness["variants"], p)
+        out["staleness_final"] = lambda p: stalestudy.plot_final(d.staleness["variants"], p)
     if d.hacking is not None:
         arms = [_arm(a) for a in d.hacking["arms"]]
-        out["lengths"] = hacking.plot_lengths(arms, d.hacking["lengths"], fig_dir / "grpo_hacking_lengths.png")
+        out["lengths"] = lambda p: hacking.plot_lengths(arms, d.hacking["lengths"], p)
     return out
+
+
+def write_figures(d: DocInputs, fig_dir: Path, keys: Collection[str] | None = None,
+                  suffix: str = "") -> dict[str, Path]:
+    """Every figure whose input exists (only `keys`, when given), each as FIGURE_FILES' name + suffix."""
+    return {k: make(fig_dir / f"{FIGURE_FILES[k]}{suffix}.png") for k, make in _figure_makers(d).items()
+            if keys is None or k in keys}
 
 
 def _arm(a: dict) -> hacking.Arm:
@@ -381,18 +392,53 @@ def render(d: DocInputs, figs: dict[str, Path], out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def _write(d: DocInputs, out: Path) -> Path:
+def write_docs(results_dir: str | Path, out: str | Path = "docs/grpo.md") -> Path:
+    """Folder mode: every section above, in order, from the files found below results_dir."""
+    d, out = find_inputs(results_dir), Path(out)
     figs = write_figures(d, out.parent / FIGURES)
     return write_doc(render(d, figs, out.parent), out)
 
 
+# ---------------------------------------------------------------------------------------------
+# the sections above as blocks of a manifest's page (docs_blocks): each reads the files its keys name
+
+
+def _block_inputs(inp: Inputs) -> DocInputs:
+    """A DocInputs holding only what the block names; the others absent."""
+    v = inp.values
+    load = lambda k: read_json(inp.path(k)) if k in v else None  # noqa: E731
+    primary = inp.path("rollout_bench") if "rollout_bench" in v else None
+    benches, syncs = _bench_files(inp.path("benches"), primary) if "benches" in v else ([], [])
+    return DocInputs(inp.results, load("rollout_bench"), load("seeds"), load("staleness"), load("hacking"),
+                     report.summarize(inp.path("run")) if "run" in v else None,
+                     {k: str(v[k]) for k in inp.paths}, benches, syncs)
+
+
+NOTHING = DocInputs(Path("."), None, None, None, None, None, {})
+
+
+def _kind(name: str, section: Callable[[DocInputs, dict, Path], list[str]], paths: tuple[str, ...],
+          figures: tuple[str, ...] = ()) -> BlockKind:
+    def render(inp: Inputs) -> list[str]:
+        d = _block_inputs(inp)
+        return section(d, write_figures(d, inp.out_dir / FIGURES, figures, inp.suffix), inp.out_dir)
+    # the heading the section prints when given nothing: its own first line
+    return BlockKind(name, section(NOTHING, {}, Path("."))[0], paths, render)
+
+
+EXISTING_KINDS = (
+    _kind("step", _step_section, ("run",), ("step_time",)),
+    _kind("gpu", _gpu_section, ("run",), ("gpu",)),
+    _kind("throughput", _throughput_section, ("rollout_bench", "benches"), ("throughput",)),
+    _kind("sync", _sync_section, ("rollout_bench", "benches"), ("sync",)),
+    _kind("staleness", _staleness_section, ("staleness",), ("staleness", "staleness_final")),
+    _kind("hacking", _hacking_section, ("hacking",), ("lengths",)),
+    _kind("seeds", _seeds_section, ("seeds",)))
+
+# every kind a docs/grpo.toml [[page]] entry may name as `section = KIND`, with the keys it reads
+KINDS: dict[str, BlockKind] = {k.name: k for k in (*EXISTING_KINDS, *docs_real.KINDS, *docs_bench.KINDS)}
+
+
 def docs(manifest: str | Path, out: Path | None = None) -> Path:
-    """docs/grpo.md (the manifest's `out`, or `out`) from the results folder and inputs the manifest names."""
-    m = read_manifest(manifest, job="grpo")
-    named = m.get("inputs", default={})
-    d = find_inputs(m.folder("results"), named, f"scalelab grpo docs {Path(manifest).as_posix()}")
-    return _write(d, out or m.out)
-
-
-def write_docs(results_dir: str | Path, out: str | Path = "docs/grpo.md") -> Path:
-    return _write(find_inputs(results_dir), Path(out))
+    """docs/grpo.md (the manifest's `out`, or `out`): its blocks in order, figures beside it in figures/."""
+    return write_page(manifest, KINDS, out)
