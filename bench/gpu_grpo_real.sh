@@ -147,7 +147,8 @@ rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model o
   local d=$RUNS/rollout-bench
   mkdir -p "$d"
   rb() { local name=$1; shift; echo "== $name" >> "$LOGS/rollout_bench.log"
-         timeout -s INT "${RB_S:-240}" python3 bench/grpo_rollout_bench.py "$@" --out "$d/$name.json" \
+         # RB_S per case: on a fresh machine vLLM's compile alone ran past 110 s (cases cut at 170 s lost everything)
+         timeout -s INT "${RB_S:-420}" python3 bench/grpo_rollout_bench.py "$@" --out "$d/$name.json" \
            >> "$LOGS/rollout_bench.log" 2>&1; }
   local real=(--model "$NAME" --task gsm8k --prompts 64 --group 8 --max-new-tokens 512 --hf-logprobs none
               --gpu-memory-utilization 0.15 --repeats 2)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -81,6 +82,21 @@ def matmul_tflops(n: int, reps: int = 20) -> float:
         a @ b
     sync()
     return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def launch_us(n: int = 2000) -> float:
+    """Host cost of one small kernel launch (µs): a LoRA update launches thousands of small kernels, so a host whose
+    launches are slow (e.g. a sandboxed kernel that intercepts the driver's ioctls) is launch-bound where another
+    is GPU-bound, and the same change can speed one up and not the other."""
+    x = torch.zeros(1)
+    for _ in range(50):
+        x.add_(1)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x.add_(1)
+    sync()
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 def make_policy(shape: dict):
@@ -150,14 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_default_device(device)
     lengths, prompt_tokens = step_lengths(a.metrics, a.step)
     peak = matmul_tflops(8192 if device.type == "cuda" else 256)
+    host = {"kernel_release": platform.release(), "launch_us": launch_us()}
     policy, n_linear = make_policy(shape)
     t = collate(fake_batch(lengths, prompt_tokens, shape["vocab_size"]), torch.randn(len(lengths)), 0, device)
     seq_tokens = int(t.attention_mask.sum())
     out = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "shape": a.shape,
-           "torch": torch.__version__, "matmul_bf16_tflops": peak,
+           "torch": torch.__version__, "matmul_bf16_tflops": peak, "host": host,
            "n_linear_params": n_linear, "sequences": t.n, "tokens": seq_tokens,
            "completion_tokens": int(t.mask.sum()), "metrics": str(a.metrics), "step": a.step, "variants": {}}
-    print(f"bf16 matmul {peak:.0f} TFLOP/s; {t.n} sequences, {seq_tokens} tokens, N = {n_linear / 1e6:.0f}M")
+    print(f"bf16 matmul {peak:.0f} TFLOP/s; {t.n} sequences, {seq_tokens} tokens, N = {n_linear / 1e6:.0f}M; "
+          f"kernel {host['kernel_release']}, {host['launch_us']:.1f} µs per small kernel launch")
     for name in a.variants.split(","):
         rows, tokens, chunked, autocast, compiled = VARIANTS[name]
         r = time_variant(policy, t, rows, a.budget_tokens if tokens is None else tokens, chunked, autocast, compiled,

@@ -3,6 +3,7 @@ length-sorted passes pad less than fixed slices, and its MFU is the stated formu
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 
@@ -19,6 +20,7 @@ def test_tiny_update_bench(tmp_path):
                                                  "--budget-tokens", "200", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["sequences"] == 16 and r["completion_tokens"] == sum(lengths)
+    assert r["host"]["kernel_release"] == platform.release() and 0 < r["host"]["launch_us"] < 1e5
     v = r["variants"]
     assert v["fixed8-full"]["passes"] == v["fixed8-chunked"]["passes"] == 2
     assert v["budget-chunked"]["padded_tokens"] < v["fixed8-full"]["padded_tokens"]
