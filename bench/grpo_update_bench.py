@@ -7,6 +7,8 @@ the real run's sequence lengths, the reference pass (adapters off) and one optim
                   matmuls in fp32 as peft runs them on a bf16 base
   budget-chunked-eager  the same with the forward under bf16 autocast (optim.bf16_autocast)
   budget-chunked  and the head's elementwise passes through torch.compile (optim.compile_head): the recipe's
+  budget-chunked-layers  and each decoder layer through torch.compile (optim.compile_layers); GPU only, skipped
+                  (and listed under "skipped") on the CPU
 The first three run with the adapters in fp32 and none of them compiles the head.
 MFU counts 6N FLOPs per trained token and 2N per reference-pass token, non-pad tokens only, N = every linear
 weight of the model (untied LM head included; the embedding lookup is not a matmul), against the measured rate.
@@ -21,6 +23,7 @@ import platform
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 
@@ -28,6 +31,7 @@ from scalelab.core.config import load_config
 from scalelab.core.jsonio import open_text
 from scalelab.grpo.batch import collate, frozen_logprobs, micro_batches
 from scalelab.grpo.config import GrpoConfig
+from scalelab.grpo.layercompile import compile_layers, eager_layers
 from scalelab.grpo.train import optimizer_step
 
 QWEN05 = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -35,10 +39,24 @@ QWEN05 = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num
               rms_norm_eps=1e-6, tie_word_embeddings=False)  # Qwen2.5-0.5B-Instruct's config.json, untied as the GGUF
 TINY = dict(QWEN05, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512)  # --shape tiny: a CPU check of the bench itself
-VARIANTS = {  # (rows, tokens, chunked head, bf16 autocast, compiled head); tokens None = --budget-tokens
-    "fixed8-full": (8, 0, False, False, False), "fixed8-chunked": (8, 0, True, False, False),
-    "budget-chunked-fp32lora": (64, None, True, False, False), "budget-chunked-eager": (64, None, True, True, False),
-    "budget-chunked": (64, None, True, True, True)}
+
+
+class Variant(NamedTuple):
+    rows: int
+    tokens: int | None  # None = --budget-tokens
+    chunked: bool  # the LM head on completion tokens, in chunks
+    autocast: bool
+    compiled_head: bool
+    compiled_layers: bool = False
+
+
+VARIANTS = {
+    "fixed8-full": Variant(8, 0, False, False, False), "fixed8-chunked": Variant(8, 0, True, False, False),
+    "budget-chunked-fp32lora": Variant(64, None, True, False, False),
+    "budget-chunked-eager": Variant(64, None, True, True, False), "budget-chunked": Variant(64, None, True, True, True),
+    "budget-chunked-layers": Variant(64, None, True, True, True, True)}
+CPU_SKIP = ("torch.compile of the decoder layers is a GPU option (optim.compile_layers); Inductor's first compile "
+            "on the CPU would dominate the run")
 
 
 class LogitsOnly(torch.nn.Module):
@@ -121,8 +139,19 @@ def fake_batch(lengths: list[int], prompt_tokens: int, vocab: int, group: int = 
                            logprobs=[tuple([-1.0] * len(c)) for c in comps])
 
 
-def time_variant(policy, t, rows: int, tokens: int, chunked: bool, autocast: bool, compiled: bool,
-                 reps: int) -> dict:
+def time_variant(policy, t, v: Variant, tokens: int, reps: int) -> dict:
+    """`v` timed with `tokens` per pass; compiled layers are undone afterwards, so later variants run eagerly."""
+    if not v.compiled_layers:
+        return _time_variant(policy, t, v.rows, tokens, v.chunked, v.autocast, v.compiled_head, reps)
+    compile_layers(policy)
+    try:
+        return _time_variant(policy, t, v.rows, tokens, v.chunked, v.autocast, v.compiled_head, reps)
+    finally:
+        eager_layers(policy)
+
+
+def _time_variant(policy, t, rows: int, tokens: int, chunked: bool, autocast: bool, compiled: bool,
+                  reps: int) -> dict:
     cfg = load_config(GrpoConfig, None, [f"optim.micro_batch_size={rows}", f"optim.micro_batch_tokens={tokens}",
                                          "optim.grad_clip=1.0", f"optim.bf16_autocast={str(autocast).lower()}",
                                          f"optim.compile_head={str(compiled).lower()}"])
@@ -177,9 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bf16 matmul {peak:.0f} TFLOP/s; {t.n} sequences, {seq_tokens} tokens, N = {n_linear / 1e6:.0f}M; "
           f"kernel {host['kernel_release']}, {host['launch_us']:.1f} µs per small kernel launch")
     for name in a.variants.split(","):
-        rows, tokens, chunked, autocast, compiled = VARIANTS[name]
-        r = time_variant(policy, t, rows, a.budget_tokens if tokens is None else tokens, chunked, autocast, compiled,
-                         a.reps)
+        v = VARIANTS[name]
+        if v.compiled_layers and device.type != "cuda":
+            out.setdefault("skipped", {})[name] = CPU_SKIP
+            print(f"{name}: skipped on the CPU: {CPU_SKIP}", flush=True)
+            continue
+        r = time_variant(policy, t, v, a.budget_tokens if v.tokens is None else v.tokens, a.reps)
         flops = 6 * n_linear * seq_tokens + 2 * n_linear * seq_tokens  # update + reference pass
         r["mfu"] = flops / (r["update_s"] + r["reference_s"]) / (peak * 1e12)
         r["update_mfu"] = 6 * n_linear * seq_tokens / r["update_s"] / (peak * 1e12)
@@ -187,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:15s} passes {r['passes']:3d} padded {r['padded_tokens']:7d} update {r['update_s']:.2f} s "
               f"ref {r['reference_s']:.2f} s  update MFU {r['update_mfu']:.1%}  with ref {r['mfu']:.1%}  "
               f"peak mem {r['peak_mem_gib']:.1f} GiB", flush=True)
-    if a.profile:
-        out["profile"] = profile_variant(policy, t, a.variants.split(",")[-1], a.budget_tokens, a.profile)
+    if a.profile and out["variants"]:  # the last variant that ran
+        out["profile"] = profile_variant(policy, t, list(out["variants"])[-1], a.budget_tokens, a.profile)
     out["provenance"] = provenance()
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -212,10 +244,10 @@ def profile_variant(policy, t, name: str, budget_tokens: int, path: Path) -> str
     the operators by device time (the table written to `path`), to see where the update's time goes beside the
     matmuls that MFU counts."""
     from torch.profiler import ProfilerActivity, profile
-    rows, tokens, chunked, autocast, compiled = VARIANTS[name]
+    v = VARIANTS[name]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
-        time_variant(policy, t, rows, budget_tokens if tokens is None else tokens, chunked, autocast, compiled, 1)
+        time_variant(policy, t, v, budget_tokens if v.tokens is None else v.tokens, 1)
     key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=60)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,13 @@
 """bench/grpo_update_bench.py at a tiny shape on the CPU: the batch it builds has the logged step's lengths, the
-length-sorted passes pad less than fixed slices, and its MFU is the stated formula of what it timed."""
+length-sorted passes pad less than fixed slices, its MFU is the stated formula of what it timed, and the
+compiled-layers variant (GPU only) is listed as skipped."""
 from __future__ import annotations
 
 import json
 import platform
 
 import pytest
+import torch
 
 from tests.bench_script import load_bench
 
@@ -22,6 +24,12 @@ def test_tiny_update_bench(tmp_path):
     assert r["sequences"] == 16 and r["completion_tokens"] == sum(lengths)
     assert r["host"]["kernel_release"] == platform.release() and 0 < r["host"]["launch_us"] < 1e5
     v = r["variants"]
+    ran = ["fixed8-full", "fixed8-chunked", "budget-chunked-fp32lora", "budget-chunked-eager", "budget-chunked"]
+    if torch.cuda.is_available():
+        assert list(v) == [*ran, "budget-chunked-layers"] and "skipped" not in r
+    else:
+        assert list(v) == ran
+        assert "GPU option" in r["skipped"]["budget-chunked-layers"]  # torch.compile of the layers: not on the CPU
     assert v["fixed8-full"]["passes"] == v["fixed8-chunked"]["passes"] == 2
     assert v["budget-chunked"]["padded_tokens"] < v["fixed8-full"]["padded_tokens"]
     for x in v.values():

@@ -219,6 +219,13 @@ class OptimConfig:
                                      "target log-prob and entropy; the gradient) through torch.compile, fused "
                                      "into kernels that read the bf16 logits once instead of making fp32 copies "
                                      "(grpo.head); eager on the CPU")
+    compile_layers: bool = param(False, "on a GPU, each decoder layer of the policy through torch.compile with "
+                                        "dynamic shapes (one graph for every pass width), which fuses a layer's "
+                                        "elementwise work (RMSNorm, rotary, the LoRA adapters' casts and scaled "
+                                        "adds, SiLU * up, residual adds) into fewer kernels where the update is "
+                                        "bound by kernel launches (grpo.layercompile). Compiles on the first pass "
+                                        "and once more per setting (grad on/off, autocast, adapters on/off); a "
+                                        "compiler failure warns and runs eagerly. Eager on the CPU")
     micro_batch_tokens: int = param(0, "when > 0: the step's sequences sorted by length into forward/backward "
                                        "passes of at most this many padded tokens (and micro_batch_size rows); "
                                        "0 = fixed slices of micro_batch_size in rollout order", ge=0)

@@ -41,6 +41,7 @@ from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.curriculum import Curriculum
 from scalelab.grpo.distributed import (Dist, FollowerRunDir, check_world, engine_config, engine_dir, join_batches,
                                        launch, max_timing, scale_prediction, shard, take_rows)
+from scalelab.grpo.layercompile import compile_layers
 from scalelab.grpo.parts import (Parts, RewardFn, build_parts, encode_prompt, open_engine, prompt_indices,
                                 sampling_for_prompt, sampling_for_step)
 from scalelab.grpo.types import CurriculumStep, RolloutBatch, RolloutEngine, StepRecord
@@ -409,6 +410,8 @@ def start_loop(cfg: GrpoConfig, parts: Parts, run: RunDir, dist: Dist = Dist()) 
     curriculum = make_curriculum(cfg, parts)
     workdir = engine_dir(run.path, dist)
     engine, method = open_engine(engine_config(cfg, dist), parts, workdir, start, run.log_event)
+    if n_compiled := compile_policy_layers(cfg, parts.policy):  # after the engine took any copy of the policy
+        run.log_event("compile_layers", layers=n_compiled)
     # every rank sees the same GPUs (torchrun gives them one CUDA_VISIBLE_DEVICES): rank 0 samples them all
     sampler, reason = open_nvml() if dist.is_main else (None, f"rank {dist.rank}: rank 0 samples every GPU")
     monitor = GpuMonitor(sampler, cfg.train.gpu_sample_hz, reason).start()
@@ -423,6 +426,20 @@ def start_loop(cfg: GrpoConfig, parts: Parts, run: RunDir, dist: Dist = Dist()) 
         loop.plans.setdefault(s, BatchPlan(0, tuple(prompt_indices(len(parts.pool(0)), s, cfg.data.prompts_per_step,
                                                                    cfg.train.seed))))
     return loop, start
+
+
+_LAYERS_BACKEND_OFF_CUDA: str | None = None  # tests: compile the layers off CUDA too, with this backend
+
+
+def compile_policy_layers(cfg: GrpoConfig, policy: Any) -> int:
+    """optim.compile_layers: the policy's decoder layers through torch.compile (grpo.layercompile) when it sits on
+    a CUDA device; the number of layers routed, 0 when off. On the CPU the update is not launch-bound and
+    Inductor's first compile is long, so off CUDA only a test's _LAYERS_BACKEND_OFF_CUDA turns it on."""
+    if not cfg.optim.compile_layers:
+        return 0
+    if next(policy.parameters()).device.type == "cuda":
+        return compile_layers(policy)
+    return compile_layers(policy, _LAYERS_BACKEND_OFF_CUDA) if _LAYERS_BACKEND_OFF_CUDA else 0
 
 
 def write_predictions(cfg: GrpoConfig, parts: Parts, run: RunDir, world: int = 1) -> None:
