@@ -127,7 +127,7 @@ collapse() {  # the shipped recipe on the real model (as a new user ran it), the
 update_bench() {  # the update alone on the GPU beside the measured matmul rate (SOLO_PARTS: before the rest)
   mkdir -p "$RUNS/update-bench"
   timeout -s INT "${UB_S:-240}" python3 bench/grpo_update_bench.py --out "$RUNS/update-bench/update_bench.json" \
-    --variants "${UB_VARIANTS:-budget-chunked-fp32lora,budget-chunked-eager,budget-chunked}" --reps 3 \
+    --variants "${UB_VARIANTS:-budget-chunked-eager,budget-chunked,budget-chunked-layers}" --reps 3 \
     --metrics results/h200/grpo/qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0/metrics.jsonl \
     >> "$LOGS/update_bench.log" 2>&1
 }
