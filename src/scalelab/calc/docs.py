@@ -18,7 +18,7 @@ from scalelab.calc.docs_measured import calibration_lines, collectives_lines
 from scalelab.calc.report import render as render_tables
 from scalelab.calc.verbs import parser
 from scalelab.core.jsonio import read_json
-from scalelab.core.sections import Manifest, ManifestError, read_manifest, read_prose, write_doc
+from scalelab.core.sections import Manifest, ManifestError, check_prose_placed, read_manifest, read_prose, write_doc
 
 # a block's kind is the one of these keys it has; the value says what it shows
 KINDS = ("prose", "calc", "calibration", "collectives")
@@ -56,24 +56,13 @@ def _documents(m: Manifest, blocks: tuple[Mapping, ...]) -> dict[str, dict]:
     return out
 
 
-def _check_prose(m: Manifest, blocks: tuple[Mapping, ...], prose: Mapping[str, str]) -> None:
-    """Every prose section is placed exactly once: none named that the file lacks, none in the file left out."""
-    named = [b["prose"] for b in blocks if "prose" in b]
-    missing = [n for n in named if n not in prose]
-    unused = [n for n in prose if n not in named]
-    twice = sorted({n for n in named if named.count(n) > 1})
-    if missing or unused or twice:
-        raise ManifestError(f"{m.path}: prose sections missing from the prose file: {missing or 'none'}; "
-                            f"in the file but not placed: {unused or 'none'}; placed twice: {twice or 'none'}")
-
-
 def load_page(manifest: Manifest | str | Path) -> Page:
     m = manifest if isinstance(manifest, Manifest) else read_manifest(manifest, job="calc")
     blocks = tuple(m.require("page"))
     for i, b in enumerate(blocks):
         _kind(m, i, b)
     prose = read_prose(m.path_of(m.require("prose")))
-    _check_prose(m, blocks, prose)
+    check_prose_placed(m.path, [b["prose"] for b in blocks if "prose" in b], prose)
     # a calibration block names its two files in an inline table; flattened, each is a key of the block
     blocks = tuple({**b, **b["calibration"]} if isinstance(b.get("calibration"), Mapping) else b for b in blocks)
     return Page(m, m.require("title"), blocks, prose, _documents(m, blocks), m.folder("results"),

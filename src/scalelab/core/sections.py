@@ -6,7 +6,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -110,3 +110,14 @@ def read_prose(path: str | Path) -> dict[str, str]:
         elif current is not None:
             current.append(line)
     return {name: "\n".join(lines).strip("\n") for name, lines in out.items()}
+
+
+def check_prose_placed(manifest: Path, named: list[str], prose: Mapping[str, str]) -> None:
+    """A page's prose blocks (`named`, in page order) against its prose file's sections: every section placed
+    exactly once, none named that the file lacks, none in the file left out."""
+    missing = [n for n in named if n not in prose]
+    unused = [n for n in prose if n not in named]
+    twice = sorted({n for n in named if named.count(n) > 1})
+    if missing or unused or twice:
+        raise ManifestError(f"{manifest}: prose sections missing from the prose file: {missing or 'none'}; "
+                            f"in the file but not placed: {unused or 'none'}; placed twice: {twice or 'none'}")

@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping
 
 from scalelab.calc.docs import calc_block
 from scalelab.core.jsonio import is_stored
-from scalelab.core.sections import Manifest, ManifestError, read_manifest, read_prose, write_doc
+from scalelab.core.sections import (Manifest, ManifestError, check_prose_placed, read_manifest, read_prose,
+                                    write_doc)
 
 NOT_MEASURED = "Not measured yet"
 FIGURES = "figures"             # beside the Markdown file
@@ -108,17 +109,6 @@ def _block(m: Manifest, number: int, entry: Mapping, kinds: Mapping[str, BlockKi
     return Block(number, kind.name, dict(entry))
 
 
-def _check_prose(m: Manifest, blocks: tuple[Block, ...], prose: Mapping[str, str]) -> None:
-    """Every prose section is placed exactly once: none named that the file lacks, none in the file left out."""
-    named = [b.values["prose"] for b in blocks if b.kind == "prose"]
-    missing = [n for n in named if n not in prose]
-    unused = [n for n in prose if n not in named]
-    twice = sorted({n for n in named if named.count(n) > 1})
-    if missing or unused or twice:
-        raise ManifestError(f"{m.path}: prose sections missing from the prose file: {missing or 'none'}; "
-                            f"in the file but not placed: {unused or 'none'}; placed twice: {twice or 'none'}")
-
-
 def load_page(manifest: Manifest | str | Path, kinds: Mapping[str, BlockKind], out: Path | None = None,
               job: str = "grpo") -> Page:
     """out: the file to write instead of the manifest's `out`."""
@@ -126,7 +116,7 @@ def load_page(manifest: Manifest | str | Path, kinds: Mapping[str, BlockKind], o
     entries = m.require("page")
     blocks = tuple(_block(m, i + 1, e, kinds) for i, e in enumerate(entries))
     prose = read_prose(m.path_of(m.require("prose")))
-    _check_prose(m, blocks, prose)
+    check_prose_placed(m.path, [b.values["prose"] for b in blocks if b.kind == "prose"], prose)
     return Page(m, m.require("title"), blocks, prose, m.folder("results"), out or m.out,
                 f"scalelab {job} docs {m.path.as_posix()}")
 
