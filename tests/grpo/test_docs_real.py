@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from scalelab.core.jsonio import write_json
-from scalelab.grpo.docs_real import base_items, paired_battery, read_run
+from scalelab.grpo.docs_real import base_items, held_out_points, paired_battery, read_run
 from tests.grpo.test_docs_blocks import page
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,11 +87,14 @@ def test_recipe_curves_first_and_last_steps_and_the_figure(tmp_path):
     0.05; entropy 0.5 - 0.04 x step -> last 5 0.30, first 6 0.40; finished 1, 1, 1, 0.9, 0.9 over the last 5 -> 0.96."""
     events = [step(i, **{"reward/correctness": i / 10, "kl_mean": i / 100, "entropy_mean": 0.5 - 0.04 * i,
                          "finished_frac": 1.0 if i < 6 else 0.9}) for i in range(8)]
-    events += [{"event": "heldout_eval", "weights_version": 0, "greedy_pass1": 0.2},
-               {"event": "heldout_eval", "weights_version": 8, "greedy_pass1": 0.3}]
+    events += [{"event": "heldout_curve", "step": 0, "greedy_pass1": 0.2},
+               {"event": "heldout_curve", "step": 5, "greedy_pass1": 0.25},
+               {"event": "heldout_curve", "step": 5, "greedy_pass1": 0.3},   # step 5 measured again on resume
+               {"event": "heldout_eval", "weights_version": 8, "greedy_pass1": 0.9}]   # the end's set: not a point
     run_folder(tmp_path / "results" / "real" / "recipe-a", events)
     text = page(tmp_path, '[[page]]\nsection = "recipe_curves"\nfolder = "real"\n')
     assert "| recipe-a | 0.25 -> 0.45 | 0.05 | 0.30 (from 0.40) | 0.96 |" in text
+    assert held_out_points(read_run(tmp_path / "results" / "real" / "recipe-a")) == [(0, 20.0), (5, 30.0)]
     name = "grpo_recipe_curves-real.png"
     assert f"(figures/{name})" in text and (tmp_path / "docs" / "figures" / name).stat().st_size > 20_000
 

@@ -22,6 +22,7 @@ import numpy as np
 from scalelab.core.jsonio import find_stored, is_stored, iter_jsonl, read_json, read_text
 from scalelab.core.numfmt import DASH, pct, points
 from scalelab.evals.battery_records import BatteryFolder, read_items
+from scalelab.grpo.curve import read_curve
 from scalelab.grpo.docs_blocks import NOT_MEASURED, BlockKind, Inputs
 from scalelab.grpo.passk import PairedDelta, paired_bootstrap
 from scalelab.grpo.plots import figure, finish, save
@@ -41,7 +42,7 @@ class Run:
     path: Path
     config: Mapping[str, Any]               # config.toml as written: the docs read a few keys, unvalidated
     steps: tuple[Mapping[str, Any], ...]    # grpo_step events, the last per step (a resumed step), in step order
-    evals: tuple[Mapping[str, Any], ...]    # heldout_eval events, in order
+    curve: tuple[Mapping[str, Any], ...]    # heldout_curve points (eval.every), by step (grpo.curve)
 
     def setting(self, section: str, key: str, default: Any = None) -> Any:
         return self.config.get(section, {}).get(key, default)
@@ -57,15 +58,10 @@ class Run:
 
 
 def read_run(path: Path) -> Run:
-    by_step: dict[int, Mapping] = {}
-    evals = []
-    for e in iter_jsonl(path / "metrics.jsonl"):
-        if e.get("event") == "grpo_step":
-            by_step[int(e["step"])] = e
-        elif e.get("event") == "heldout_eval":
-            evals.append(e)
+    events = list(iter_jsonl(path / "metrics.jsonl"))
+    by_step = {int(e["step"]): e for e in events if e.get("event") == "grpo_step"}  # a resumed step: the last
     config = tomllib.loads(read_text(path / "config.toml")) if is_stored(path / "config.toml") else {}
-    return Run(path.name, path, config, tuple(by_step[s] for s in sorted(by_step)), tuple(evals))
+    return Run(path.name, path, config, tuple(by_step[s] for s in sorted(by_step)), tuple(read_curve(events)))
 
 
 def recipe_runs(folder: Path) -> list[Run]:
@@ -194,14 +190,15 @@ CURVES = (("reward/correctness", "sampled correctness (T = rollout)"), ("kl_mean
           ("entropy_mean", "entropy (nats/token)"), ("len_mean", "mean completion length (tokens)"))
 
 
-def _trained_evals(r: Run) -> list[Mapping]:
-    """The run's held-out evaluations, base included, when any evaluated trained weights; else none."""
-    evals = sorted(r.evals, key=lambda e: e.get("weights_version", 0))
-    return evals if any(e.get("weights_version", 0) > 0 for e in evals) else []
+def held_out_points(r: Run) -> list[tuple[int, float]]:
+    """The run's held-out curve as (step, greedy pass@1 %), step 0 included, when it has a point after step 0;
+    else none. The curve's subset (eval.curve_limit) is not the end-of-run evaluation's set: the two never mix."""
+    points = [(int(e["step"]), 100 * float(e["greedy_pass1"])) for e in r.curve]
+    return points if any(step > 0 for step, _ in points) else []
 
 
 def plot_curves(runs: Sequence[Run], path: Path) -> Path:
-    held = any(_trained_evals(r) for r in runs)
+    held = any(held_out_points(r) for r in runs)
     fig, axes = figure(rows=3 if held else 2, cols=2, height_in=3.0, width_in=11.0)
     for ax, (key, label) in zip(axes, CURVES):
         for r in runs:
@@ -210,9 +207,8 @@ def plot_curves(runs: Sequence[Run], path: Path) -> Path:
     if held:
         ax = axes[len(CURVES)]
         for r in runs:
-            evals = _trained_evals(r)
-            ax.plot([e["weights_version"] for e in evals], [100 * e["greedy_pass1"] for e in evals], "o-",
-                    label=r.name)
+            points = held_out_points(r)
+            ax.plot([x for x, _ in points], [y for _, y in points], "o-", label=r.name)
         finish(ax, "step", "held-out greedy pass@1 (%)", "held-out greedy pass@1")
         axes[-1].set_visible(False)
     return save(fig, path)
