@@ -25,12 +25,10 @@ import numpy as np
 from scalelab.core.jsonio import find_stored, read_json, read_text
 from scalelab.core.sections import write_doc
 from scalelab.grpo import docs_bench, docs_real, hacking, report, stalestudy
-from scalelab.grpo.docs_blocks import FIGURES, BlockKind, Inputs, write_page
+from scalelab.grpo.docs_blocks import FIGURES, NOT_MEASURED, BlockKind, Inputs, write_page
 from scalelab.grpo.plots import figure, finish, save
 from scalelab.grpo.rolloutcost import step_cost_lines, step_costs
 from scalelab.grpo.serversync import server_sync_lines
-
-NOT_MEASURED = "Not measured yet"
 
 
 @dataclass(frozen=True)
