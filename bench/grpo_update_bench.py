@@ -141,13 +141,13 @@ def fake_batch(lengths: list[int], prompt_tokens: int, vocab: int, group: int = 
 
 def time_variant(policy, t, v: Variant, tokens: int, reps: int) -> dict:
     """`v` timed with `tokens` per pass; compiled layers are undone afterwards, so later variants run eagerly."""
-    if not v.compiled_layers:
-        return _time_variant(policy, t, v.rows, tokens, v.chunked, v.autocast, v.compiled_head, reps)
-    compile_layers(policy)
+    if v.compiled_layers:
+        compile_layers(policy)
     try:
         return _time_variant(policy, t, v.rows, tokens, v.chunked, v.autocast, v.compiled_head, reps)
     finally:
-        eager_layers(policy)
+        if v.compiled_layers:
+            eager_layers(policy)
 
 
 def _time_variant(policy, t, rows: int, tokens: int, chunked: bool, autocast: bool, compiled: bool,
