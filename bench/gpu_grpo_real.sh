@@ -124,20 +124,21 @@ collapse() {  # the shipped recipe on the real model (as a new user ran it), the
     --set 'data.rewards=["correctness", "format_gated"]'
 }
 
-update_bench() {  # the update alone on the GPU beside the measured matmul rate (SOLO_PARTS: before the rest)
+UB_METRICS=results/h200/grpo/qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0/metrics.jsonl  # the update benches' batch
+ub() {  # $1 = log name, then bench/grpo_update_bench.py's arguments: alone on the GPU, at most UB_S seconds
+  local log=$1; shift
   mkdir -p "$RUNS/update-bench"
-  timeout -s INT "${UB_S:-240}" python3 bench/grpo_update_bench.py --out "$RUNS/update-bench/update_bench.json" \
-    --variants "${UB_VARIANTS:-budget-chunked-eager,budget-chunked,budget-chunked-layers}" --reps 3 \
-    --metrics results/h200/grpo/qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0/metrics.jsonl \
-    >> "$LOGS/update_bench.log" 2>&1
+  timeout -s INT "${UB_S:-240}" python3 bench/grpo_update_bench.py --metrics "$UB_METRICS" "$@" >> "$LOGS/$log.log" 2>&1
+}
+
+update_bench() {  # the update alone on the GPU beside the measured matmul rate (SOLO_PARTS: before the rest)
+  ub update_bench --out "$RUNS/update-bench/update_bench.json" --reps 3 \
+    --variants "${UB_VARIANTS:-budget-chunked-eager,budget-chunked,budget-chunked-layers}"
 }
 
 update_profile() {  # where the update's time goes: one budget-chunked pass under torch.profiler, alone on the GPU
-  mkdir -p "$RUNS/update-bench"
-  timeout -s INT "${UB_S:-240}" python3 bench/grpo_update_bench.py --variants budget-chunked --reps 1 \
-    --out "$RUNS/update-bench/update_profile.json" --profile "$RUNS/update-bench/update_profile.txt" \
-    --metrics results/h200/grpo/qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0/metrics.jsonl \
-    >> "$LOGS/update_profile.log" 2>&1
+  ub update_profile --variants budget-chunked --reps 1 --out "$RUNS/update-bench/update_profile.json" \
+    --profile "$RUNS/update-bench/update_profile.txt"
 }
 
 rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model on GSM8K prompts (its own answer
@@ -235,6 +236,6 @@ case "${1:-}" in
   work) work ;;
   part) shift; for p in "$@"; do "$p"; done; pack ;;  # named parts now, in this call (e.g. update_bench: no model)
   poll) poll "${2:?usage: bash bench/gpu_grpo_real.sh poll SECONDS}" ;;
-  *) echo "usage: bash bench/gpu_grpo_real.sh prep [CHUNK_DIR] | bundle | setup CHUNK_DIR | launch | work | part NAME... |" \
-          "poll SECONDS" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_grpo_real.sh prep [CHUNK_DIR] | bundle | setup CHUNK_DIR | launch | work |" \
+          "part NAME... | poll SECONDS" >&2; exit 2 ;;
 esac
