@@ -61,6 +61,7 @@
 # adapter is missing is retrained, deterministically on one GPU type, so its battery records are reused when its
 # adapter's sha256 matches theirs. The parts run in order, so a lease continues where the last one stopped.
 #   env: OUT (default /tmp/out), RUNS (default /tmp/dpo-runs), WORK_S (default 1140), DATA (default /tmp/data),
+#        TREE (the copy of the tree `launch` runs from, default /tmp/tree-dpo: bench/snapshot.sh),
 #        PARTS (default "pairs sweep battery judge hh"), SWEEP_ONLY (runs of the sweep to train now, e.g.
 #        "dpo-beta0.1,ipo-beta1"), BATTERY_JOBS (default 3; each process holds ~25 GB in lm-eval's MMLU batches
 #        and up to ~40 GB in a 256-prompt generate batch of MBPP's longest prompts: 2 if the GPU runs out),
@@ -314,7 +315,8 @@ case "${1:-}" in
   bundle) bash .gpu-bundle/unpack.sh | tail -1 ;;
   setup) setup "${2:?usage: bash bench/gpu_dpo_real.sh setup CHUNK_DIR}" ;;
   launch) if running; then echo "work is already running (pid $(cat "$RUNS/work.pid")): stop it first" >&2; exit 1; fi
-          rm -f "$RUNS/work.done"; setsid nohup bash "$0" work > "$RUNS/work.out" 2>&1 < /dev/null &
+          rm -f "$RUNS/work.done"; cd "$(bash bench/snapshot.sh "${TREE:-/tmp/tree-dpo}")" || exit 1
+          setsid nohup bash "$0" work > "$RUNS/work.out" 2>&1 < /dev/null &
           echo $! > "$RUNS/work.pid"; sleep 2; echo "launched work (pid $!), window ${WORK_S} s" ;;
   stop) stop "${2:-90}" ;;
   work) work ;;

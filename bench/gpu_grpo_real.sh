@@ -14,7 +14,8 @@
 #   bash bench/gpu_grpo_real.sh poll SECONDS         wait up to SECONDS (or until work ends), results to $OUT/runs.tgz
 #   bash bench/gpu_grpo_real.sh part NAME...          run parts in the foreground of this call, results as poll's
 # Every part resumes (run checkpoints, per-task battery records), so `work` run again continues a cut-off window.
-#   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), WORK_S (default 1140), SEED (default 0),
+#   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), TREE (the copy of the tree `launch` runs from,
+#        default /tmp/tree-grpo: bench/snapshot.sh), WORK_S (default 1140), SEED (default 0),
 #        LRS (default "2e-5 5e-5"), TEMPS (rollout temperatures, one run per LRS x TEMPS; default the
 #        recipe's), UB_VARIANTS (the update bench's),
 #        PARTS (default "battery recipe collapse", side by side; also "staleness"),
@@ -231,7 +232,8 @@ case "${1:-}" in
   prep) prep "${2:-}" ;;
   bundle) bash .gpu-bundle/unpack.sh | tail -1 ;;
   setup) setup "${2:?usage: bash bench/gpu_grpo_real.sh setup CHUNK_DIR}" ;;
-  launch) rm -f "$RUNS/work.done"; setsid nohup bash "$0" work > "$RUNS/work.log" 2>&1 < /dev/null &
+  launch) rm -f "$RUNS/work.done"; cd "$(bash bench/snapshot.sh "${TREE:-/tmp/tree-grpo}")" || exit 1
+          setsid nohup bash "$0" work > "$RUNS/work.log" 2>&1 < /dev/null &
           sleep 2; echo "launched work (pid $!), window ${WORK_S} s" ;;
   work) work ;;
   part) shift; for p in "$@"; do "$p"; done; pack ;;  # named parts now, in this call (e.g. update_bench: no model)

@@ -31,6 +31,7 @@
 # On a fresh machine later: carry the last serve.tgz (in .gpu-chunks or small enough as is), `restore` it after
 # setup, and launch with PARTS naming what is left; finished rows are skipped.
 # env: OUT (/tmp/out), RUNS (/tmp/serve-runs), DATA (/tmp/serve-data), PORT (8100), PY (python3),
+#      TREE (/tmp/tree-serve: the copy of the tree `launch` runs from, bench/snapshot.sh),
 #      MODEL_7B (/tmp/models/qwen2.5-7b: the 7B's dummy folder, made once, shared by the engine and the sweeps),
 #      PARTS (default below), GAMMA_CV (sqrt 2: the issue's burstiness 0.5, gamma shape 1/CV^2),
 #      SCALELAB_GIT_SHA (the commit: the copied tree has no .git)
@@ -197,7 +198,8 @@ case "${1:-}" in
   bundle) run bash .gpu-bundle/unpack.sh | tail -1 ;;
   setup) setup "${2:?usage: bash bench/gpu_serve_open_loop.sh setup CHUNK_DIR}" ;;
   restore) run tar -C "$RUNS" -xzf "${2:?usage: bash bench/gpu_serve_open_loop.sh restore TGZ}" && rm -f "$RUNS/work.done" ;;
-  launch) rm -f "$RUNS/work.done"; setsid nohup bash "$0" work > "$RUNS/work.log" 2>&1 < /dev/null &
+  launch) rm -f "$RUNS/work.done"; cd "$(bash bench/snapshot.sh "${TREE:-/tmp/tree-serve}")" || exit 1
+          setsid nohup bash "$0" work > "$RUNS/work.log" 2>&1 < /dev/null &
           sleep 2; echo "launched work (pid $!), parts: $PARTS" ;;
   work) work ;;
   poll) poll "${2:?usage: bash bench/gpu_serve_open_loop.sh poll SECONDS}" ;;

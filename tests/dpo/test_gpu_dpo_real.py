@@ -119,6 +119,7 @@ def test_the_script_parses_and_names_its_verbs(tmp_path):
 
 SLOW_PART = """#!/usr/bin/env bash
 # a part as the script runs them: a python under `timeout -s INT` that stops cleanly on SIGINT
+pwd > "$MARKS/cwd"
 timeout -s INT 120 python3 -c '
 import pathlib, sys, time
 marks = pathlib.Path(sys.argv[1])
@@ -140,7 +141,8 @@ def test_stop_ends_the_running_part_cleanly_and_starts_no_other(tmp_path):
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKS": str(marks), "RUNS": str(runs),
-           "OUT": str(tmp_path / "out"), "SCALELAB_GIT_SHA": "0" * 40, "PARTS": "slow_part next_part"}
+           "OUT": str(tmp_path / "out"), "SCALELAB_GIT_SHA": "0" * 40, "PARTS": "slow_part next_part",
+           "TREE": str(tmp_path / "tree")}
 
     def script(*args):
         return subprocess.run(["bash", "bench/gpu_dpo_real.sh", *args], cwd=REPO, env=env, capture_output=True,
@@ -152,6 +154,9 @@ def test_stop_ends_the_running_part_cleanly_and_starts_no_other(tmp_path):
             break
         subprocess.run(["sleep", "0.1"])
     assert (marks / "started").exists()
+    # work runs from its own copy of the tree, which later calls' copies of the working tree do not touch
+    assert (marks / "cwd").read_text().strip() == str(tmp_path / "tree")
+    assert (tmp_path / "tree" / "bench" / "gpu_dpo_real.sh").is_file()
     again = script("launch")
     assert again.returncode == 1 and "already running" in again.stderr
     stopped = script("stop", "20")
