@@ -16,6 +16,7 @@
 # Every part resumes (run checkpoints, per-task battery records), so `work` run again continues a cut-off window.
 #   env: OUT (default /tmp/out), RUNS (default /tmp/grpo-runs), TREE (the copy of the tree `launch` runs from,
 #        default /tmp/tree-grpo: bench/snapshot.sh), WORK_S (default 1140), SEED (default 0),
+#        SEEDS (the recipe runs' seeds, one run each, default SEED),
 #        LRS (default "2e-5 5e-5"), TEMPS (rollout temperatures, one run per LRS x TEMPS; default the
 #        recipe's), UB_VARIANTS (the update bench's),
 #        PARTS (default "battery recipe collapse", side by side; also "staleness"),
@@ -89,11 +90,11 @@ setup() {  # $1 = the folder holding the chunk set's manifest and chunks
 torch.cuda.get_device_name())"
 }
 
-recipe_run() {  # $1 = learning rate, $2 = sampling temperature (empty: the recipe's): train until 330 s before
-  # the end, then score it in and out of domain
-  local name=recipe-lr$1${2:+-t$2}-s$SEED
+recipe_run() {  # $1 = learning rate, $2 = sampling temperature (empty: the recipe's), $3 = seed: train until 330 s
+  # before the end, then score it in and out of domain
+  local name=recipe-lr$1${2:+-t$2}-s$3
   END=$((END - 330)) grpo "$name" --config "$RECIPE" --set run.out_dir="\"$RUNS\"" \
-    --set run.name="\"$name\"" --set optim.lr=$1 ${2:+--set rollout.temperature=$2} --set train.seed=$SEED \
+    --set run.name="\"$name\"" --set optim.lr=$1 ${2:+--set rollout.temperature=$2} --set train.seed=$3 \
     ${RECIPE_SETS:+$RECIPE_SETS}
   sl grpo eval "$RUNS/$name" >> "$LOGS/$name.log" 2>&1  # a run stopped by its budget is scored at that step
   sl grpo export "$RUNS/$name" "/tmp/exports/$name" >> "$LOGS/$name.log" 2>&1 || return 1
@@ -102,12 +103,14 @@ recipe_run() {  # $1 = learning rate, $2 = sampling temperature (empty: the reci
     --engine-flag gpu-memory-utilization=0.1 >> "$LOGS/$name.log" 2>&1
 }
 
-recipe() {  # one run per learning rate and temperature (TEMPS), side by side on the GPU (vLLM engines start one at
-  # a time: a lock)
-  local lr temp pids=()
+recipe() {  # one run per learning rate, temperature (TEMPS) and seed (SEEDS), side by side on the GPU (vLLM engines
+  # start one at a time: a lock)
+  local lr temp seed pids=()
   for lr in $LRS; do
     for temp in ${TEMPS:--}; do  # "-": the recipe's own temperature
-      recipe_run "$lr" "${temp#-}" & pids+=($!); sleep "${STAGGER_S:-5}"
+      for seed in ${SEEDS:-$SEED}; do
+        recipe_run "$lr" "${temp#-}" "$seed" & pids+=($!); sleep "${STAGGER_S:-5}"
+      done
     done
   done
   wait "${pids[@]}"

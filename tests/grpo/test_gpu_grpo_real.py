@@ -1,5 +1,5 @@
-"""bench/gpu_grpo_real.sh's recipe part with a stand-in python3: one `grpo train` per learning rate and rollout
-temperature, each named after both, with the recipe's temperature when TEMPS is not set; then its evaluation,
+"""bench/gpu_grpo_real.sh's recipe part with a stand-in python3: one `grpo train` per learning rate, rollout
+temperature and seed, each named after them, with the recipe's temperature when TEMPS is not set; then its evaluation,
 export and battery calls."""
 from __future__ import annotations
 
@@ -61,3 +61,12 @@ def test_without_temps_the_recipe_keeps_its_own_temperature(tmp_path):
     trains = _trains(_work(tmp_path, LRS="5e-5"))
     assert list(trains) == ["recipe-lr5e-5-s0"]
     assert not any(a.startswith("rollout.temperature=") for a in trains["recipe-lr5e-5-s0"])
+
+
+@pytest.mark.slow
+def test_seeds_give_one_run_each_named_and_seeded_after_it(tmp_path):
+    trains = _trains(_work(tmp_path, LRS="5e-5", SEEDS="0 1"))
+    assert sorted(trains) == ["recipe-lr5e-5-s0", "recipe-lr5e-5-s1"]
+    assert "train.seed=1" in trains["recipe-lr5e-5-s1"] and "train.seed=0" in trains["recipe-lr5e-5-s0"]
+    # without SEEDS the one run takes SEED
+    assert list(_trains(_work(tmp_path, LRS="5e-5", SEED="3"))) == ["recipe-lr5e-5-s3"]
