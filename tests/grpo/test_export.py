@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from scalelab.grpo.checkpoint import CheckpointError, load_trainable
 from scalelab.core.gguf_cache import sha256_file
-from scalelab.grpo.export import RECORD, export_run
+from scalelab.grpo.export import RECORD, RUN_RECORD, export_run
 from scalelab.grpo.parts import prepare_policy
 from scalelab.grpo.train import train
 from tests.grpo.test_train import make
@@ -23,6 +23,10 @@ def test_exported_folder_reproduces_the_trained_lora_policy(tmp_path):
     assert rec.weights_version == 2 and rec.lora_merged
     assert json.loads((tmp_path / "out" / RECORD).read_text())["safetensors_sha256"] == \
         sha256_file(tmp_path / "out" / "model.safetensors")
+    # the run folder keeps the record too, with where the weights went (they do not travel with the results)
+    kept = json.loads((tmp_path / "run" / RUN_RECORD).read_text())
+    assert kept["safetensors_sha256"] == rec.safetensors_sha256 and kept["out"] == str(tmp_path / "out")
+    assert kept["weights_version"] == 2
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
     trained, _ = prepare_policy(tiny_llama(seed=0), cfg)
     load_trainable(tmp_path / "run" / "checkpoint.json", trained)

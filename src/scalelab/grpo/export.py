@@ -3,6 +3,9 @@
 for the out-of-domain checks the run's own held-out split does not cover.
 
     export_run(run_dir, out) -> ExportRecord      <out>/config.json, model.safetensors, tokenizer, scalelab_export.json
+
+The record is also written into the run folder (export.json): the run's results travel without its weights (a
+LoRA adapter with its optimizer state is too large to commit), so the folder keeps the exported weights' sha256.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from scalelab.grpo.parts import prepare_policy
 from scalelab.grpo.weightsync import write_model_folder
 
 RECORD = "scalelab_export.json"
+RUN_RECORD = "export.json"  # the same record, in the run folder
 
 
 @dataclass(frozen=True)
@@ -51,4 +55,5 @@ def export_run(run_dir: str | Path, out: str | Path, dtype: torch.dtype = torch.
     record = ExportRecord(str(run_dir), cfg.model.name, version, cfg.model.lora.enabled, nbytes,
                           sha256_file(out / "model.safetensors"))
     write_json(out / RECORD, asdict(record))
+    write_json(run_dir / RUN_RECORD, {**asdict(record), "out": str(out)})
     return record
