@@ -46,6 +46,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                                       "example, with the paired bootstrap CI of the difference (eval/summary.json)")
     p.add_argument("run_dir", help="run folder with config.toml and checkpoint.json")
     p.add_argument("--force", action="store_true", help="re-score even when eval/base.json, trained.json exist")
+    p.add_argument("--rescore", action="store_true",
+                   help="no model, no GPU: score the kept generations (eval/base.json, trained.json) again, "
+                        "recompute the comparison and check it against eval/summary.json (exit 1 if it differs)")
     p.set_defaults(func=_eval)
 
     p = verbs.add_parser("export", help="a run's checkpointed policy as a plain HF folder (LoRA merged), for any "
@@ -116,8 +119,25 @@ def _train(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from scalelab.grpo.heldout import eval_run, headline
+    if args.rescore:
+        return _rescore(args.run_dir)
     print(headline(eval_run(args.run_dir, force=args.force)))
     return 0
+
+
+def _rescore(run_dir: str) -> int:
+    from scalelab.grpo.heldout import headline
+    from scalelab.grpo.rescore import rescore_run
+    r = rescore_run(run_dir)
+    print(f"re-scored from the kept generations: {headline(r.summary)}")
+    if r.recorded is None:
+        print("no eval/summary.json to check against")
+        return 1
+    for policy, n in r.changed.items():
+        if n:
+            print(f"{policy}: {n} problem(s) scored differently from the recorded verdict")
+    print("\n".join(r.differences) if r.differences else "differences from eval/summary.json: none")
+    return 0 if r.reproduces else 1
 
 
 def _export(args: argparse.Namespace) -> int:
