@@ -493,6 +493,7 @@ def measure_engines(model: torch.nn.Module, tokenizer: object, prompts: list[lis
         hf = HFWithoutLogits(model, tokenizer, hf.stop_ids, hf.sync_methods)
     hf_params = replace(params, max_new_tokens=max(lengths))
     engines["hf"], batch = time_engine(hf.generate, prompts, hf_params, args.repeats, lengths, decode)
+    write_partial(args, {"engines": {"hf": asdict(engines["hf"])}})
     vllm, generate, profile = None, None, None
     if torch.cuda.is_available() and len(args.engines) > 1:  # HF's cached blocks: vLLM asks for its share of the
         torch.cuda.empty_cache()                             # *free* memory
@@ -507,6 +508,20 @@ def measure_engines(model: torch.nn.Module, tokenizer: object, prompts: list[lis
         if args.profile:
             profile = profile_call(generate, prompts, params, args.profile)
     return engines, vllm, batch, profile
+
+
+def partial_path(out: str | Path) -> Path:
+    """Where a case keeps what it has measured before its end: `<out stem>.partial.json`, removed once <out> is
+    written. A case cut by its time limit during vLLM's repeats then still returns its HF baseline."""
+    out = Path(out)
+    return out.with_name(out.stem + ".partial.json")
+
+
+def write_partial(args: argparse.Namespace, measured: dict) -> None:
+    if getattr(args, "out", None):
+        write_json(partial_path(args.out), {"partial": "the case ended before its file was written; this is what it "
+                                                       "had measured", **measured,
+                                            "provenance": provenance(args.vllm_engines)})
 
 
 def measure_syncs(model: torch.nn.Module, tokenizer: object, target: object, args: argparse.Namespace,
@@ -675,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         result = measure(args, Path(tmp))
     result["provenance"] = provenance(args.vllm_engines)
     write_json(args.out, result)
+    partial_path(args.out).unlink(missing_ok=True)
     print("\n".join(summary_lines(result)))
     return 0
 

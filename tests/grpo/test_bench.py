@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from scalelab.core.jsonio import read_json
 from scalelab.grpo.docs import write_docs
 from tests.bench_script import load_bench
@@ -28,6 +30,25 @@ def test_tiny_bench_feeds_the_docs(tmp_path):
     text = write_docs(tmp_path / "results", tmp_path / "grpo.md").read_text()
     assert f"| hf | {hf['tokens_per_s']:,.0f} | {hf['median_ms']:,.0f} | {hf['completion_tokens']:,} |" in text
     assert "| in-place, LoRA r=16 merged on the fly |" in text
+    assert not bench.partial_path(out).exists()   # the whole file written: the partial one is gone
+
+
+def test_a_case_cut_after_its_baseline_keeps_the_baseline(tmp_path, monkeypatch):
+    """A case stopped after HF's timing (here the update timing fails) leaves <out>.partial.json with HF's record."""
+    bench = load_bench("grpo_rollout_bench")
+    out = tmp_path / "rollout_bench.json"
+
+    def cut(*args, **kwargs):
+        raise KeyboardInterrupt  # what `timeout -s INT` delivers
+
+    monkeypatch.setattr(bench, "time_update", cut)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--tiny", "--out", str(out)])
+    assert not out.exists()
+    kept = read_json(bench.partial_path(out))
+    hf = kept["engines"]["hf"]
+    assert "partial" in kept and 8 <= hf["completion_tokens"] <= 8 * 16 and hf["median_ms"] > 0
+    assert kept["provenance"]["command"]
 
 
 def test_profile_call_names_where_the_time_went(tmp_path):
@@ -94,9 +115,11 @@ def test_rollout_table_pairs_colocated_with_its_standalone_ceiling(tmp_path):
                     "b-standalone": run("vllm_standalone", 5000.0, 30000.0),
                     "c-other": run("vllm_colocated", 6000.0, 12000.0, prompts=32)}.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(r))
+    (tmp_path / "d-cut.partial.json").write_text(json.dumps({"partial": "cut", "engines": {"hf": {}}}))  # no row
     out = tmp_path / "t.md"
     assert table.main([str(tmp_path), "--out", str(out)]) == 0
     lines = {line.split(" | ")[0].lstrip("| "): line for line in out.read_text().splitlines()[2:]}
+    assert sorted(lines) == ["a-colocated", "b-standalone", "c-other"]
     assert lines["a-colocated"].endswith("| 4.00x | 80% (1.20) |")
     assert lines["b-standalone"].endswith("| 6.00x | - |") and lines["c-other"].endswith("| 2.00x | - |")
     assert "300 / 480 (3.0%)" in lines["a-colocated"]
