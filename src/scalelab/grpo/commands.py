@@ -118,9 +118,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from scalelab.grpo.heldout import eval_run, headline
     if args.rescore:
         return _rescore(args.run_dir)
+    from scalelab.grpo.heldout import eval_run, headline
     print(headline(eval_run(args.run_dir, force=args.force)))
     return 0
 
