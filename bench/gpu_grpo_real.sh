@@ -93,7 +93,7 @@ torch.cuda.get_device_name())"
 recipe_run() {  # $1 = learning rate, $2 = sampling temperature (empty: the recipe's), $3 = seed: train until 330 s
   # before the end, then score it in and out of domain
   local name=recipe-lr$1${2:+-t$2}-s$3
-  END=$((END - 330)) grpo "$name" --config "$RECIPE" --set run.out_dir="\"$RUNS\"" \
+  END=$((END - ${RESERVE_S:-330})) grpo "$name" --config "$RECIPE" --set run.out_dir="\"$RUNS\"" \
     --set run.name="\"$name\"" --set optim.lr=$1 ${2:+--set rollout.temperature=$2} --set train.seed=$3 \
     ${RECIPE_SETS:+$RECIPE_SETS}
   sl grpo eval "$RUNS/$name" >> "$LOGS/$name.log" 2>&1  # a run stopped by its budget is scored at that step
