@@ -76,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         if f.name.endswith(".partial.json"):  # a cut case's baseline alone: no row to make of it
             continue
         try:
-            runs[f.stem] = json.loads(f.read_text())
+            record = json.loads(f.read_text())
         except json.JSONDecodeError as e:
             raise SystemExit(f"{f}: not JSON ({e})") from None
+        if isinstance(record, dict) and "engines" in record:  # not e.g. the folder's provenance.json
+            runs[f.stem] = record
     if not runs:
         raise SystemExit(f"{args.run_dir}: no rollout bench .json files")
     text = render(runs)

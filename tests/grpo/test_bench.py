@@ -116,6 +116,7 @@ def test_rollout_table_pairs_colocated_with_its_standalone_ceiling(tmp_path):
                     "c-other": run("vllm_colocated", 6000.0, 12000.0, prompts=32)}.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(r))
     (tmp_path / "d-cut.partial.json").write_text(json.dumps({"partial": "cut", "engines": {"hf": {}}}))  # no row
+    (tmp_path / "provenance.json").write_text(json.dumps({"gpu": "H100", "runs": {}}))  # not a bench record: no row
     out = tmp_path / "t.md"
     assert table.main([str(tmp_path), "--out", str(out)]) == 0
     lines = {line.split(" | ")[0].lstrip("| "): line for line in out.read_text().splitlines()[2:]}

@@ -14,7 +14,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "results" / "h200" / "grpo"
 RUNS = ["seeds/seed0", "hacking/exploit", "staleness/k8", "qwen2.5-coder-0.5b-gsm8k/recipe-lr2e-5-s0",
         "qwen2.5-coder-0.5b-gsm8k/recipe-lr5e-5-s0", "qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0",
         "qwen2.5-coder-0.5b-gsm8k/recipe-lr2e-4-s0"]
-REAL = [r for r in RUNS if r.startswith("qwen")]
+# the recipe's runs keep every greedy text; the learning-rate sweep's kept its verdicts only (grpo/textdrop.py)
+REAL = sorted((RESULTS.parents[1] / "h100" / "grpo" / "qwen2.5-coder-0.5b-gsm8k").glob("recipe-*"))
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -29,12 +30,16 @@ def test_gzipped_generations_rescore_to_the_committed_summary(run):
     assert summary == read_json(d / "eval" / "summary.json")
 
 
-@pytest.mark.parametrize("run", REAL)
+def test_the_recipe_runs_with_texts_are_found():
+    assert len(REAL) >= 2, REAL
+
+
+@pytest.mark.parametrize("run", REAL, ids=lambda p: p.name)
 def test_real_gsm8k_generations_rescore_from_their_text(run, shared_data):
     """Every stored greedy completion scored again by the task (the reference protocol's lenient reading) gives
     the stored verdict; the strict column is recomputed from the same texts by compare()."""
     from scalelab.evals.tasks import get_task
-    d = RESULTS / run
+    d = run
     if not (d / "eval" / "summary.json").is_file():
         pytest.skip(f"{d}: committed results not present")
     cfg = load_grpo_config(d / "config.toml")

@@ -87,3 +87,59 @@ def test_without_a_recorded_summary_nothing_is_claimed(tmp_path):
     assert r.recorded is None and not r.reproduces and r.differences == []
     write_json(run / "eval" / "summary.json", r.summary)       # what a user would then keep
     assert rescore_run(run).reproduces
+
+
+# --- `grpo eval RUN --drop-texts`: the verdicts stay, the texts go, the summary still comes back
+
+
+def test_dropping_texts_keeps_both_verdicts_and_the_summary(tmp_path, capsys):
+    from scalelab.core.jsonio import read_json
+    from scalelab.grpo.heldout import load_eval
+    run = _run(tmp_path)
+    summary = read_json(run / "eval" / "summary.json")
+    assert cli(["grpo", "eval", str(run), "--drop-texts"]) == 0
+    assert "trained: 4 of 4 texts dropped" in capsys.readouterr().out
+    base, trained = load_eval(run, "base"), load_eval(run, "trained")
+    assert all(r.greedy_text is None for r in base.examples + trained.examples)
+    # strict by hand: only boxed answers count, so "she earns 70000" is right leniently but not strictly
+    assert [r.greedy_strict for r in trained.examples] == [True, True, False, False]
+    assert [r.greedy_strict for r in base.examples] == [True, False, False, False]
+    assert [r.greedy_correct for r in trained.examples] == [True, True, True, False]
+    r = rescore_run(run)
+    assert r.reproduces and r.summary == summary and r.from_texts == {"base": 0, "trained": 0}
+    kept = read_json(run / "eval" / "texts.json")["dropped"]
+    assert [(d["policy"], d["rows"], d["texts"]) for d in kept] == [("base", 4, 4), ("trained", 4, 4)]
+    assert cli(["grpo", "eval", str(run), "--rescore"]) == 0
+    assert "0 of 4 problems graded again from a kept text" in capsys.readouterr().out
+
+
+def test_dropping_texts_is_refused_when_the_texts_do_not_confirm_the_verdicts(tmp_path):
+    from scalelab.grpo.textdrop import drop_texts
+    run = _run(tmp_path, TRAINED[:3] + [("\\boxed{541}", True)])  # recorded right; 541 is not 540
+    before = (run / "eval" / "trained.json").read_bytes()
+    with pytest.raises(ValueError, match="do not re-grade to the recorded verdicts"):
+        drop_texts(run)
+    assert (run / "eval" / "trained.json").read_bytes() == before and not (run / "eval" / "texts.json").exists()
+
+
+def test_dropping_texts_twice_is_refused_and_keeps_the_first_record(tmp_path):
+    from scalelab.grpo.textdrop import drop_texts
+    run = _run(tmp_path)
+    drop_texts(run)
+    first = (run / "eval" / "texts.json").read_bytes()
+    with pytest.raises(ValueError, match="no greedy texts to drop"):
+        drop_texts(run)
+    assert (run / "eval" / "texts.json").read_bytes() == first
+
+
+def test_a_pointer_to_another_runs_base_is_replaced_by_the_slim_record(tmp_path):
+    from scalelab.core.recordgz import point
+    from scalelab.grpo.heldout import load_eval
+    from scalelab.grpo.textdrop import drop_texts
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    first, second = _run(tmp_path / "a"), _run(tmp_path / "b")
+    point(second / "eval" / "base.json", first / "eval" / "base.json", {})
+    assert (second / "eval" / "base.json.same").exists()
+    drop_texts(second)
+    assert not (second / "eval" / "base.json.same").exists() and (second / "eval" / "base.json").is_file()
+    assert load_eval(first, "base").examples[0].greedy_text == "so \\boxed{18}"  # the target is untouched

@@ -49,6 +49,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--rescore", action="store_true",
                    help="no model, no GPU: score the kept generations (eval/base.json, trained.json) again, "
                         "recompute the comparison and check it against eval/summary.json (exit 1 if it differs)")
+    p.add_argument("--drop-texts", action="store_true",
+                   help="no model, no GPU: rewrite eval/base.json and trained.json keeping each problem's verdicts "
+                        "(lenient, strict) and token count but not its text, for an ablation's committed run "
+                        "(refused unless the verdicts alone give eval/summary.json; eval/texts.json says what went)")
     p.set_defaults(func=_eval)
 
     p = verbs.add_parser("export", help="a run's checkpointed policy as a plain HF folder (LoRA merged), for any "
@@ -120,6 +124,11 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     if args.rescore:
         return _rescore(args.run_dir)
+    if args.drop_texts:
+        from scalelab.grpo.textdrop import drop_texts
+        for d in drop_texts(args.run_dir):
+            print(f"{d.policy}: {d.texts} of {d.rows} texts dropped (was sha256 {d.sha256[:16]})")
+        return 0
     from scalelab.grpo.heldout import eval_run, headline
     print(headline(eval_run(args.run_dir, force=args.force)))
     return 0
@@ -130,6 +139,11 @@ def _rescore(run_dir: str) -> int:
     from scalelab.grpo.rescore import rescore_run
     r = rescore_run(run_dir)
     print(f"re-scored from the kept generations: {headline(r.summary)}")
+    for policy, n in r.from_texts.items():
+        rows = r.summary["n_examples"]
+        if n < rows:
+            print(f"{policy}: {n:,} of {rows:,} problems graded again from a kept text; the rest keep their recorded "
+                  "verdicts (texts dropped: eval/texts.json)")
     if r.recorded is None:
         print("no eval/summary.json to check against")
         return 1

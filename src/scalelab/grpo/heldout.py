@@ -59,6 +59,7 @@ class ExampleResult:
     samples: int
     sample_correct: int
     sample_tokens: tuple[int, ...]
+    greedy_strict: bool | None = None  # kept when the text is dropped (textdrop.py); read from the text otherwise
 
 
 @dataclass(frozen=True)
@@ -139,11 +140,13 @@ def evaluate_policy(engine: Any, tokenizer: Any, examples: Sequence[Any], s: Eva
 
 def strict_scores(ev: PolicyEval, cfg: GrpoConfig) -> list[float] | None:
     """Greedy pass@1 per example in the strict reading (the answer only in the marker the prompt asked for:
-    mathtasks.strict_correct), re-scored from the kept texts; None for tasks without a strict reading."""
-    if cfg.data.task != "gsm8k" or any(r.greedy_text is None for r in ev.examples):
+    mathtasks.strict_correct), re-scored from the kept texts (a row whose text was dropped gives its recorded
+    strict verdict); None for tasks without a strict reading, or when a row has neither."""
+    if cfg.data.task != "gsm8k" or any(r.greedy_text is None and r.greedy_strict is None for r in ev.examples):
         return None
     fmt = cfg.data.task_options.get("prompt_format", "cot_hash")
-    return [float(strict_correct(Example("gsm8k", r.id, [], r.answer, {"prompt_format": fmt}), r.greedy_text or ""))
+    return [float(r.greedy_strict if r.greedy_text is None else
+                  strict_correct(Example("gsm8k", r.id, [], r.answer, {"prompt_format": fmt}), r.greedy_text))
             for r in ev.examples]
 
 

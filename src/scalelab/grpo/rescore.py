@@ -7,7 +7,9 @@ and the result is set beside the recorded eval/summary.json: a reader can check 
 
     rescore_run(run_dir) -> Rescored      summary recomputed, the recorded one, and every difference between them
 
-Sampled pass@k cannot be re-scored (the samples' texts are not kept); their recorded counts are carried over.
+Sampled pass@k cannot be re-scored (the samples' texts are not kept); their recorded counts are carried over, as
+are the verdicts of a run whose greedy texts were dropped (textdrop.py): its summary is then recomputed from
+verdicts only, and `from_texts` says how many problems were graded again.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class Rescored:
     summary: dict            # compare() of the re-scored base and trained evaluations
     recorded: dict | None    # eval/summary.json as committed, None when there is none
     changed: dict[str, int]  # policy -> problems whose recorded greedy verdict the re-scoring does not confirm
+    from_texts: dict[str, int]  # policy -> problems graded again from a kept text (the rest keep their verdicts)
     differences: list[str]   # "greedy_pass1.trained: recorded 0.366, re-scored 0.365", one per differing value
 
     @property
@@ -70,7 +73,8 @@ def rescore_run(run_dir: str | Path, scorer: Scorer = default_scorer) -> Rescore
     again = {p: rescore_policy(ev, task, options, scorer) for p, ev in evals.items()}
     changed = {p: sum(a.greedy_correct != b.greedy_correct for a, b in zip(evals[p].examples, again[p].examples))
                for p in evals}
+    texts = {p: sum(r.greedy_text is not None for r in ev.examples) for p, ev in evals.items()}
     summary = compare(again["base"], again["trained"], cfg)
     path = eval_dir(run_dir) / "summary.json"
     recorded = read_json(path) if is_stored(path) else None
-    return Rescored(summary, recorded, changed, [] if recorded is None else differences(recorded, summary))
+    return Rescored(summary, recorded, changed, texts, [] if recorded is None else differences(recorded, summary))
