@@ -102,6 +102,15 @@ def register(parser: argparse.ArgumentParser) -> None:
                                                "figures go to figures/ beside it")
     p.set_defaults(func=_docs)
 
+    p = verbs.add_parser("signal", help="no GPU: the share of groups with no learning signal (all answers right or "
+                                        "all wrong) in a run's steps, and its forecast at other group sizes from "
+                                        "a beta-binomial fit of the per-group correct counts")
+    p.add_argument("run_dir", help="run folder with metrics.jsonl and config.toml")
+    p.add_argument("--group-sizes", default="4,8,16,32", help="G values to forecast, same sequences per step")
+    p.add_argument("--steps", default=None, metavar="A:B", help="the steps to fit on, as a Python slice of the "
+                                                                "logged steps (default all; e.g. -40: the last 40)")
+    p.set_defaults(func=_signal)
+
     p = verbs.add_parser("config", help="list every config field with its type, default and help")
     p.set_defaults(func=_describe)
 
@@ -198,6 +207,30 @@ def _hacking(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     path = build_report(args.run_dir, DeadZoneRule(args.dead_util_pct, args.dead_min_s))
     print(f"wrote {path} and {path.parent / 'figures'}/*.png")
+    return 0
+
+
+def _signal(args: argparse.Namespace) -> int:
+    from scalelab.core.jsonio import iter_jsonl
+    from scalelab.grpo.config import load_grpo_config
+    from scalelab.grpo.groupsignal import correct_counts, fit_beta_binomial, forecast
+    cfg = load_grpo_config(Path(args.run_dir) / "config.toml")
+    steps = [r for r in iter_jsonl(Path(args.run_dir) / "metrics.jsonl") if r.get("event") == "grpo_step"]
+    if args.steps:
+        a, _, b = args.steps.partition(":") if ":" in args.steps else (args.steps, ":", "")
+        steps = steps[slice(int(a) if a else None, int(b) if b else None)]
+    g = cfg.rollout.group_size
+    k = correct_counts(steps, g)
+    a, b = fit_beta_binomial(k, g)
+    logged = sum(s["zero_signal_frac"] for s in steps) / len(steps)
+    print(f"{len(steps)} steps, {k.size:,} groups of {g}: counted no-signal share {((k == 0) | (k == g)).mean():.3f} "
+          f"(logged zero_signal_frac {logged:.3f}); pass rates ~ Beta({a:.2f}, {b:.2f})")
+    sequences = cfg.data.prompts_per_step * g
+    print(f"| G | prompts | no-signal share | prompts with signal | sequences with signal (of {sequences}) |")
+    print("|---:|---:|---:|---:|---:|")
+    for f in forecast(a, b, [int(x) for x in args.group_sizes.split(",")], sequences):
+        print(f"| {f.group_size} | {f.prompts} | {f.zero_signal:.3f} | {f.prompts_with_signal:.1f} | "
+              f"{f.rows_with_signal:.0f} |")
     return 0
 
 
