@@ -23,7 +23,8 @@
 #        SOLO_PARTS (run first, alone, e.g. "update_bench update_profile rollout_bench"),
 #        RB_CASES (the rollout bench's cases, default
 #        "real-colocated real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"),
-#        STALE_STEPS, STALE_JOBS (default 40, 3),
+#        STALE_STEPS, STALE_JOBS (default 40, and one run per 32 GiB of GPU memory, at most 3: a recipe run peaks at
+#        ~30 GB, its engine's 0.15 share included, so an H100 takes 2 and an H200 3), STALE_COMPILE (default false),
 #        STALE_K0, STALE_IS0, STALE_K1 (the k lists of seeds 0 and 1; STALE_K1="" skips seed 1),
 #        AFTER_TASKS (the exported policies' battery, default math500: GSM8K is the run's own final evaluation),
 #        RECIPE_SETS (more `--set K=V` arguments for the recipe runs, e.g. "--set train.max_steps=100"),
@@ -181,12 +182,19 @@ rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model o
   python3 bench/rollout_bench_table.py "$d" --out "$RUNS/rollout-bench-table.md" >> "$LOGS/rollout_bench.log" 2>&1
 }
 
+stale_jobs() {  # runs side by side: one per 32 GiB of the GPU's memory, 1 to 3
+  local mib
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  local n=$(( ${mib:-0} / 32768 )); [ "$n" -ge 1 ] || n=1; [ "$n" -le 3 ] || n=3; echo "$n"
+}
+
 staleness() {  # k = 0,1,2,4,8 at seed 0 with the IS correction at k = 4 and 8, then k = 0 and 4 at seed 1: 40 steps
   # of 32 x 8 each, STALE_JOBS at once; held-out: 500 problems at the end and every 10 steps. Resumable: a finished
   # variant is skipped, a cut one continues from its last checkpoint (every 5 steps).
   local common=(--config "$RECIPE" --set run.out_dir="\"$RUNS\"" --set train.max_steps=${STALE_STEPS:-40}
                 --set train.budget_s=0 --set train.checkpoint_every=5 --set eval.limit=500 --set eval.every=10
-                --set eval.curve_limit=500 --jobs "${STALE_JOBS:-3}")
+                --set eval.curve_limit=500 --set optim.compile_layers=${STALE_COMPILE:-false}
+                --jobs "${STALE_JOBS:-$(stale_jobs)}")  # compiled layers save ~0.5 s a step and cost ~60 s: not at 40 steps
   [ "$(left)" -ge "${STALE_MIN_S:-420}" ] || { echo "staleness skipped: $(left) s left" >> "$LOGS/staleness-s0.log"
                                                return 0; }  # a run cut before its end would be lost with the disk
   local is0=${STALE_IS0-4,8}  # set and empty: no corrected variants in this window

@@ -70,3 +70,21 @@ def test_seeds_give_one_run_each_named_and_seeded_after_it(tmp_path):
     assert "train.seed=1" in trains["recipe-lr5e-5-s1"] and "train.seed=0" in trains["recipe-lr5e-5-s0"]
     # without SEEDS the one run takes SEED
     assert list(_trains(_work(tmp_path, LRS="5e-5", SEED="3"))) == ["recipe-lr5e-5-s3"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mib, jobs", [("81559", "2"), ("143771", "3"), ("", "1")])
+def test_staleness_runs_as_many_side_by_side_as_the_gpu_memory_holds(tmp_path, mib, jobs):
+    """One run per 32 GiB (a recipe run peaks at ~30 GB): an H100 takes 2, an H200 3 (the cap), no GPU found 1; the
+    40-step runs skip the layers' compile (~60 s to save ~0.5 s a step) unless STALE_COMPILE says otherwise."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\n[ -n '{mib}' ] && echo {mib}\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+    calls = _work(tmp_path, PARTS="staleness", STALE_K1="")
+    (argv,) = [a for a in calls if a[:4] == ["-m", "scalelab.cli", "grpo", "staleness"]]
+    assert argv[argv.index("--jobs") + 1] == jobs
+    assert "optim.compile_layers=false" in argv and argv[argv.index("--k") + 1] == "0,1,2,4,8"
+    calls = _work(tmp_path, PARTS="staleness", STALE_K1="", STALE_JOBS="1", STALE_COMPILE="true")
+    (argv,) = [a for a in calls if a[:4] == ["-m", "scalelab.cli", "grpo", "staleness"]]
+    assert argv[argv.index("--jobs") + 1] == "1" and "optim.compile_layers=true" in argv
