@@ -10,6 +10,9 @@
 #   bash bench/gpu_grpo_real.sh setup CHUNK_DIR      join the carried chunk set (bench/TRANSFER.md: the GGUF as
 #                                                    model.gguf, whl/ with the wheels the image lacks, data.tar.xz
 #                                                    with the evaluation sets), install, dequantize the model
+#   bash bench/gpu_grpo_real.sh restore TGZ          unpack an earlier window's runs.tgz into $RUNS: its finished
+#                                                    runs (results.json, eval/summary.json) are skipped, e.g. the
+#                                                    staleness study's first window's variants in its second
 #   bash bench/gpu_grpo_real.sh launch               start `work` in a session of its own (it outlives the call)
 #   bash bench/gpu_grpo_real.sh poll SECONDS         wait up to SECONDS (or until work ends), results to $OUT/runs.tgz
 #   bash bench/gpu_grpo_real.sh part NAME...          run parts in the foreground of this call, results as poll's
@@ -243,12 +246,14 @@ case "${1:-}" in
   prep) prep "${2:-}" ;;
   bundle) bash .gpu-bundle/unpack.sh | tail -1 ;;
   setup) setup "${2:?usage: bash bench/gpu_grpo_real.sh setup CHUNK_DIR}" ;;
+  restore) tar -xzf "${2:?usage: bash bench/gpu_grpo_real.sh restore RUNS_TGZ}" -C "$RUNS" && rm -f "$RUNS/work.done" \
+           && echo "restored into $RUNS: $(ls "$RUNS" | tr '\n' ' ')" ;;
   launch) rm -f "$RUNS/work.done"; cd "$(bash bench/snapshot.sh "${TREE:-/tmp/tree-grpo}")" || exit 1
           setsid nohup bash "$0" work > "$RUNS/work.log" 2>&1 < /dev/null &
           sleep 2; echo "launched work (pid $!), window ${WORK_S} s" ;;
   work) work ;;
   part) shift; for p in "$@"; do "$p"; done; pack ;;  # named parts now, in this call (e.g. update_bench: no model)
   poll) poll "${2:?usage: bash bench/gpu_grpo_real.sh poll SECONDS}" ;;
-  *) echo "usage: bash bench/gpu_grpo_real.sh prep [CHUNK_DIR] | bundle | setup CHUNK_DIR | launch | work |" \
+  *) echo "usage: bash bench/gpu_grpo_real.sh prep [CHUNK_DIR] | bundle | setup CHUNK_DIR | restore TGZ | launch | work |" \
           "part NAME... | poll SECONDS" >&2; exit 2 ;;
 esac

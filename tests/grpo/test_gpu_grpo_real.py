@@ -88,3 +88,23 @@ def test_staleness_runs_as_many_side_by_side_as_the_gpu_memory_holds(tmp_path, m
     calls = _work(tmp_path, PARTS="staleness", STALE_K1="", STALE_JOBS="1", STALE_COMPILE="true")
     (argv,) = [a for a in calls if a[:4] == ["-m", "scalelab.cli", "grpo", "staleness"]]
     assert argv[argv.index("--jobs") + 1] == "1" and "optim.compile_layers=true" in argv
+
+
+def test_restore_unpacks_an_earlier_windows_runs(tmp_path):
+    """`restore TGZ` puts a window's packed run folders back under RUNS (where a study skips its finished variants)
+    and clears the old window's work.done, so the next `poll` waits for the new window."""
+    import tarfile
+    src = tmp_path / "src"
+    (src / "staleness-s0" / "k0" / "eval").mkdir(parents=True)
+    (src / "staleness-s0" / "k0" / "results.json").write_text('{"steps": 40}')
+    (src / "work.done").write_text("work done after 900 s")
+    tgz = tmp_path / "runs.tgz"
+    with tarfile.open(tgz, "w:gz") as t:
+        t.add(src, arcname=".")
+    runs = tmp_path / "runs"
+    env = {**os.environ, "RUNS": str(runs), "OUT": str(tmp_path / "out")}
+    run = subprocess.run(["bash", "bench/gpu_grpo_real.sh", "restore", str(tgz)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert (runs / "staleness-s0" / "k0" / "results.json").read_text() == '{"steps": 40}'
+    assert not (runs / "work.done").exists() and "staleness-s0" in run.stdout
