@@ -30,7 +30,8 @@
 #        ~30 GB, its engine's 0.15 share included, so an H100 takes 2 and an H200 3), STALE_COMPILE (default false),
 #        STALE_K0, STALE_IS0, STALE_K1 (the k lists of seeds 0 and 1; STALE_K1="" skips seed 1),
 #        AFTER_TASKS (the exported policies' battery, default math500: GSM8K is the run's own final evaluation),
-#        RECIPE_SETS (more `--set K=V` arguments for the recipe runs, e.g. "--set train.max_steps=100"),
+#        RECIPE_SETS (more `--set K=V` arguments for the recipe runs, e.g. "--set data.oversample=1.5"), RUN_TAG
+#        (a word in those runs' names for that variant, e.g. "os1.5": recipe-lr5e-5-os1.5-s0),
 #        BATTERY_TASKS (the base battery's tasks, default all), with prep's BATTERY_WHEELS and BATTERY_DATA for
 #        its multiple-choice part (e.g. BATTERY_TASKS=arc_easy,arc_challenge,piqa BATTERY_DATA=llmfoundry_icl and
 #        lm_eval's wheels as in bench/gpu_dpo_real.sh),
@@ -96,7 +97,7 @@ torch.cuda.get_device_name())"
 
 recipe_run() {  # $1 = learning rate, $2 = sampling temperature (empty: the recipe's), $3 = seed: train until 330 s
   # before the end, then score it in and out of domain
-  local name=recipe-lr$1${2:+-t$2}-s$3
+  local name=recipe-lr$1${2:+-t$2}${RUN_TAG:+-$RUN_TAG}-s$3  # RUN_TAG names a RECIPE_SETS variant, e.g. os1.5
   END=$((END - ${RESERVE_S:-330})) grpo "$name" --config "$RECIPE" --set run.out_dir="\"$RUNS\"" \
     --set run.name="\"$name\"" --set optim.lr=$1 ${2:+--set rollout.temperature=$2} --set train.seed=$3 \
     ${RECIPE_SETS:+$RECIPE_SETS}

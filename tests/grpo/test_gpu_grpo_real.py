@@ -108,3 +108,10 @@ def test_restore_unpacks_an_earlier_windows_runs(tmp_path):
     assert run.returncode == 0, run.stderr
     assert (runs / "staleness-s0" / "k0" / "results.json").read_text() == '{"steps": 40}'
     assert not (runs / "work.done").exists() and "staleness-s0" in run.stdout
+
+
+@pytest.mark.slow
+def test_a_run_tag_names_a_variant_of_the_recipe(tmp_path):
+    trains = _trains(_work(tmp_path, LRS="5e-5", SEEDS="1", RUN_TAG="os1.5", RECIPE_SETS="--set data.oversample=1.5"))
+    assert list(trains) == ["recipe-lr5e-5-os1.5-s1"]
+    assert "data.oversample=1.5" in trains["recipe-lr5e-5-os1.5-s1"]

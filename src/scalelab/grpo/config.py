@@ -62,6 +62,9 @@ class DataConfig:
     limit: int = param(0, "use at most this many examples; 0 = all", ge=0)
     prompts_per_step: int = param(4, "distinct prompts per optimizer step (P); sequences per step = P * group_size",
                                   ge=1)
+    oversample: float = param(1.0, "roll out ceil(P * oversample) prompts' groups and train on P of them, the groups "
+                                   "whose rewards differ first (DAPO's dynamic sampling, Yu et al. 2025, in one "
+                                   "pass: grpo/dynsample.py); 1 = no choice. One process only", ge=1.0)
     rewards: list[str] = param(["correctness"], "reward components by registry name (evals.rewards)")
     reward_weights: list[float] = param([], "weight of each component in the scalar reward; [] = all 1.0")
     reward_options: Any = param({}, "parameters per reward component, get_reward(name, **options[name]), e.g. "

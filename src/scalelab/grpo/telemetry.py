@@ -10,9 +10,6 @@ nothing and says why; its thread and marker logic are tested with a fake sampler
 from __future__ import annotations
 
 import os
-from scalelab.core.hardware import resolve_hardware
-from scalelab.grpo.capabilities import resolve_method
-from scalelab.grpo.types import StepRecord
 import threading
 import time
 from contextlib import contextmanager
@@ -20,6 +17,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
+
+from scalelab.core.hardware import resolve_hardware
+from scalelab.grpo.capabilities import resolve_method
+from scalelab.grpo.dynsample import generated_prompts
+from scalelab.grpo.types import StepRecord
 
 PHASES = ("rollout", "reward", "reference", "old_logprob", "update", "weight_sync")
 
@@ -266,13 +268,15 @@ def predict_step(cfg: Any, policy: Any, prompt_len: float, device_type: str) -> 
     n_params = sum(p.numel() for p in params)
     n_bytes = params[0].element_size()
     p, n_seq = cfg.predict, cfg.sequences_per_step
+    # with data.oversample the rollout makes more groups than the update trains on (dynsample.py)
+    n_roll = generated_prompts(cfg.data.prompts_per_step, cfg.data.oversample) * cfg.rollout.group_size
     gen_len = cfg.rollout.max_new_tokens * p.mean_length_frac
-    tok_s = decode_tokens_per_s(n_params, n_bytes, n_seq, hw, p.decode_efficiency, p.decode_step_overhead_ms)
+    tok_s = decode_tokens_per_s(n_params, n_bytes, n_roll, hw, p.decode_efficiency, p.decode_step_overhead_ms)
     flops_s = hw.bf16_flops * p.train_mfu
     seq_tokens = n_seq * (prompt_len + gen_len)
-    prefill_ms = 2.0 * n_params * n_seq * prompt_len / flops_s * 1e3
-    rollout_ms = prefill_ms + n_seq * gen_len / tok_s * 1e3
-    rollout_tok_s = n_seq * gen_len / (rollout_ms / 1e3)  # as measured: completion tokens / whole rollout
+    prefill_ms = 2.0 * n_params * n_roll * prompt_len / flops_s * 1e3
+    rollout_ms = prefill_ms + n_roll * gen_len / tok_s * 1e3
+    rollout_tok_s = n_roll * gen_len / (rollout_ms / 1e3)  # as measured: completion tokens / whole rollout
     # forward 2N FLOPs/token; backward 4N for full weights, ~2N (activation grads only) under LoRA
     per_token = 4.0 if cfg.model.lora.enabled else 6.0
     update_ms = per_token * n_params * seq_tokens * cfg.loss.updates_per_batch / flops_s * 1e3

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from scalelab.core.config import config_hash
+from scalelab.core.config import ConfigError, config_hash
 from scalelab.core.rundir import RunDir
 from scalelab.evals.codetasks import sandbox_record
 from scalelab.evals.tasks import get_task
@@ -39,6 +39,7 @@ from scalelab.grpo.precision import compute_autocast
 from scalelab.grpo.checkpoint import CHECKPOINT, find_checkpoint, load_checkpoint, save_checkpoint
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.curriculum import Curriculum
+from scalelab.grpo.dynsample import Selection, generated_prompts, selection, take_groups
 from scalelab.grpo.distributed import (Dist, FollowerRunDir, check_world, engine_config, engine_dir, join_batches,
                                        launch, max_timing, scale_prediction, shard, take_rows)
 from scalelab.grpo.layercompile import compile_layers
@@ -248,8 +249,23 @@ class Loop:
 
 def plan_batch(loop: Loop, step: int) -> BatchPlan:
     stage = loop.curriculum.stage if loop.curriculum else 0
-    n = len(loop.parts.pool(stage))
-    return BatchPlan(stage, tuple(prompt_indices(n, step, loop.cfg.data.prompts_per_step, loop.cfg.train.seed)))
+    n, d = len(loop.parts.pool(stage)), loop.cfg.data
+    per_step = generated_prompts(d.prompts_per_step, d.oversample)
+    return BatchPlan(stage, tuple(prompt_indices(n, step, per_step, loop.cfg.train.seed)))
+
+
+def keep_signal_groups(loop: Loop, batch: RolloutBatch, plan: BatchPlan,
+                       timer: PhaseTimer) -> tuple[RolloutBatch, BatchPlan, Selection | None]:
+    """With data.oversample > 1: the step's P groups out of those rolled out (dynsample.py), scored here to
+    choose (the kept ones are scored again in learn: the same rewards, ~0.1 ms a sequence)."""
+    cfg = loop.cfg
+    if cfg.data.oversample <= 1.0:
+        return batch, plan, None
+    with timer.phase("reward"):
+        rewards, _ = score_shard(loop, batch, plan, range(len(plan.indices)))
+    chosen = selection(rewards, cfg.rollout.group_size, cfg.data.prompts_per_step)
+    return (take_groups(batch, chosen.kept, cfg.rollout.group_size),
+            BatchPlan(plan.stage, tuple(plan.indices[g] for g in chosen.kept)), chosen)
 
 
 def rollout(loop: Loop, prompts: list[list[int]], positions: range, step: int) -> RolloutBatch:
@@ -348,7 +364,8 @@ def run_step(loop: Loop, step: int) -> StepRecord:
     cfg = loop.cfg
     timer = PhaseTimer(loop.monitor)
     generated_tokens = generate_due(loop, step, timer)
-    batch, plan = loop.pipe.take(step), loop.plans.pop(step)
+    generated, plan = loop.pipe.take(step), loop.plans.pop(step)
+    batch, plan, chosen = keep_signal_groups(loop, generated, plan, timer)
     learned = learn(loop, step, batch, plan, timer)
     curriculum = advance_curriculum(loop, step, plan, learned)
     sync: SyncRecord | None = None
@@ -361,15 +378,17 @@ def run_step(loop: Loop, step: int) -> StepRecord:
     samples = loop.monitor.drain()
     rec = StepRecord(
         step=step, rollout_version=batch.weights_version, staleness=cfg.rollout.staleness, **asdict(timing),
-        overlapped_step_ms=timing.overlapped_step_ms, rollout_tokens=batch.num_tokens,
-        rollout_tokens_per_s=batch.tokens_per_s, generated_tokens_this_step=generated_tokens,
+        overlapped_step_ms=timing.overlapped_step_ms, rollout_tokens=generated.num_tokens,
+        rollout_tokens_per_s=generated.tokens_per_s, generated_tokens_this_step=generated_tokens,
         finished_frac=float(np.mean(batch.finished)), **length_stats(batch.lengths),
         completion_lengths=batch.lengths, reward_mean=learned.reward_mean, reward_std=learned.reward_std,
         zero_signal_frac=learned.zero_signal_frac, adv_abs_mean=learned.adv_abs_mean, lr=learned.lr,
         **component_fields(learned.values), **learned.stats, curriculum=curriculum,
         example_ids=tuple(str(loop.parts.pool(plan.stage)[i].id) for i in plan.indices),
         sync_bytes=sync.bytes if sync else 0, sync_restarted=bool(sync and sync.restarted),
-        **{k: tuple(v) for k, v in per_rank.items()}, gpu=gpu_phase_summary(samples) if samples else None)
+        **{k: tuple(v) for k, v in per_rank.items()}, gpu=gpu_phase_summary(samples) if samples else None,
+        generated_groups=chosen.generated_groups if chosen else None,
+        generated_zero_signal_frac=chosen.generated_zero_signal_frac if chosen else None)
     if samples:
         loop.run.log_event("gpu_samples", step=step, **samples_record(samples))
     return rec
@@ -397,6 +416,9 @@ def make_curriculum(cfg: GrpoConfig, parts: Parts) -> Curriculum | None:
 def start_loop(cfg: GrpoConfig, parts: Parts, run: RunDir, dist: Dist = Dist()) -> tuple[Loop, int]:
     """Optimizer, queue and (on resume) the checkpoint; then the engine, synced to the current weights. Every
     rank reads the checkpoint; rank 0's trainable weights are then broadcast (as DDP does at construction)."""
+    if cfg.data.oversample > 1.0 and dist.world > 1:
+        raise ConfigError(f"config field 'data.oversample' = {cfg.data.oversample}: the choice of groups runs in one "
+                          f"process; this run has {dist.world} (set it to 1 under torchrun)")
     pipe = StalenessPipeline(cfg.rollout.staleness)
     optimizer = make_optimizer(parts.policy, cfg)
     start, ckpt, state = 0, find_checkpoint(run.path) if cfg.train.resume else None, {}
@@ -423,8 +445,8 @@ def start_loop(cfg: GrpoConfig, parts: Parts, run: RunDir, dist: Dist = Dist()) 
                 engine_dir=workdir)
     loop.load_state_dict(state)
     for s in pipe.pending:  # a checkpoint from before plans were saved: its batches came from the one pool
-        loop.plans.setdefault(s, BatchPlan(0, tuple(prompt_indices(len(parts.pool(0)), s, cfg.data.prompts_per_step,
-                                                                   cfg.train.seed))))
+        per_step = generated_prompts(cfg.data.prompts_per_step, cfg.data.oversample)
+        loop.plans.setdefault(s, BatchPlan(0, tuple(prompt_indices(len(parts.pool(0)), s, per_step, cfg.train.seed))))
     return loop, start
 
 

@@ -156,10 +156,13 @@ class StepRecord:
     entropy_mean: float | None = None  # the policy's entropy per completion token, nats (records before: None)
     update_tokens: int | None = None  # non-pad [prompt | completion] tokens through one update's forward passes
     update_padded_tokens: int | None = None  # the same with each pass's padding: the update's padding overhead
+    generated_groups: int | None = None  # with data.oversample > 1: the groups rolled out, of which P were trained
+    generated_zero_signal_frac: float | None = None  # their no-signal share before the choice
 
     # written only when set (older records lack them)
     OPTIONAL: ClassVar[tuple[str, ...]] = ("rank_rollout_ms", "rank_rollout_tokens", "gpu", "entropy_mean",
-                                           "update_tokens", "update_padded_tokens")
+                                           "update_tokens", "update_padded_tokens", "generated_groups",
+                                           "generated_zero_signal_frac")
     GROUPED: ClassVar[tuple[str, ...]] = ("reward_components", "completion_rewards", "curriculum", *OPTIONAL)
 
     def to_json(self) -> dict[str, Any]:
@@ -198,5 +201,6 @@ class StepRecord:
         components = {k.removeprefix("reward/"): v for k, v in d.items() if k.startswith("reward/")}
         return cls(**plain, reward_components=components, curriculum=curriculum, gpu=d.get("gpu"), **ranks,
                    entropy_mean=d.get("entropy_mean"), update_tokens=d.get("update_tokens"),
-                   update_padded_tokens=d.get("update_padded_tokens"),
+                   update_padded_tokens=d.get("update_padded_tokens"), generated_groups=d.get("generated_groups"),
+                   generated_zero_signal_frac=d.get("generated_zero_signal_frac"),
                    completion_rewards={n: tuple(v) for n, v in d["completion_rewards"].items()})
