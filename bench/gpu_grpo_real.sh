@@ -23,7 +23,8 @@
 #        LRS (default "2e-5 5e-5"), TEMPS (rollout temperatures, one run per LRS x TEMPS; default the
 #        recipe's), UB_VARIANTS (the update bench's),
 #        PARTS (default "battery recipe collapse", side by side; also "staleness"),
-#        SOLO_PARTS (run first, alone, e.g. "update_bench update_profile rollout_bench"),
+#        SOLO_PARTS (run first, alone, e.g. "update_bench update_profile rollout_bench"), STAGGER_S (seconds
+#        between the starts of side-by-side parts and recipe runs, default 5),
 #        RB_CASES (the rollout bench's cases, default
 #        "real-colocated real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"),
 #        STALE_STEPS, STALE_JOBS (default 40, and one run per 32 GiB of GPU memory, at most 3: a recipe run peaks at
@@ -224,7 +225,7 @@ pack() {  # every run folder without weights or engine files, as one archive: a 
 work() {
   local part pids=()
   for part in ${SOLO_PARTS:-}; do "$part"; done  # alone on the GPU, one after another
-  for part in $PARTS; do "$part" & pids+=($!); sleep 5; done
+  for part in $PARTS; do "$part" & pids+=($!); sleep "${STAGGER_S:-5}"; done  # starts staggered, as recipe()
   wait "${pids[@]}"
   echo "work done after $SECONDS s" > "$RUNS/work.done"
 }
