@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from scalelab.core.config import ConfigError, load_config
-from scalelab.grpo.config import GrpoConfig
-from scalelab.grpo.dynsample import choose_groups, generated_prompts, selection, take_groups
+from scalelab.grpo.config import GrpoConfig, generated_prompts
+from scalelab.grpo.dynsample import choose_groups, selection, take_groups
 from scalelab.grpo.types import RolloutBatch
 
 

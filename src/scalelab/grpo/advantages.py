@@ -43,10 +43,16 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: Literal["gro
     return centred.view(-1)
 
 
+def signal_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(groups,) bool, group-major rows: do the group's rewards differ? One whose rewards are all equal has
+    advantage 0 everywhere."""
+    grouped = rewards.float().view(-1, group_size)
+    return grouped.max(dim=1).values != grouped.min(dim=1).values
+
+
 def zero_signal_fraction(rewards: torch.Tensor, group_size: int) -> float:
     """Share of groups whose rewards are all equal: they produce no gradient (DAPO's dynamic-sampling motive)."""
-    grouped = rewards.float().view(-1, group_size)
-    return float((grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean())
+    return float((~signal_groups(rewards, group_size)).float().mean())
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

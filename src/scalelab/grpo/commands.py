@@ -217,7 +217,7 @@ def _signal(args: argparse.Namespace) -> int:
     cfg = load_grpo_config(Path(args.run_dir) / "config.toml")
     steps = [r for r in iter_jsonl(Path(args.run_dir) / "metrics.jsonl") if r.get("event") == "grpo_step"]
     if args.steps:
-        a, _, b = args.steps.partition(":") if ":" in args.steps else (args.steps, ":", "")
+        a, _, b = args.steps.partition(":")  # "-40" alone reads as "-40:"
         steps = steps[slice(int(a) if a else None, int(b) if b else None)]
     g = cfg.rollout.group_size
     k = correct_counts(steps, g)

@@ -4,12 +4,18 @@ Defaults describe a tiny CPU run; `configs/grpo/*.toml` hold the named experimen
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from scalelab.core.config import ConfigError, load_config, param, section
 from scalelab.grpo.capabilities import capabilities
+
+
+def generated_prompts(prompts_per_step: int, oversample: float) -> int:
+    """ceil(P x oversample); the small epsilon keeps 32 x 1.5 at 48 in floating point, never 49."""
+    return math.ceil(prompts_per_step * oversample - 1e-9)
 
 @dataclass
 class LoraConfig:
@@ -306,6 +312,11 @@ class GrpoConfig:
     @property
     def sequences_per_step(self) -> int:
         return self.data.prompts_per_step * self.rollout.group_size
+
+    @property
+    def rollout_prompts_per_step(self) -> int:
+        """Prompts a step rolls out: prompts_per_step, times data.oversample (grpo/dynsample.py)."""
+        return generated_prompts(self.data.prompts_per_step, self.data.oversample)
 
     def validate(self) -> None:
         engine, sync = self.rollout.engine, self.rollout.weight_sync

@@ -8,18 +8,18 @@ ceil(P x data.oversample) prompts' groups once and trains on P of them: the grou
 batch's order, then groups without one to fill the P when too few differ. The rollout costs about `oversample`
 times more; the update is the same size.
 
-    generated_prompts(P, oversample) -> int
+    GrpoConfig.rollout_prompts_per_step -> int     ceil(P x oversample) (config.generated_prompts)
     choose_groups(rewards, G, P) -> list[int]      the kept groups' indices, ascending
     take_groups(batch, groups, G) -> RolloutBatch  those groups' sequences, in order
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
+from scalelab.grpo.advantages import signal_groups, zero_signal_fraction
 from scalelab.grpo.types import RolloutBatch
 
 
@@ -30,14 +30,8 @@ class Selection:
     kept: tuple[int, ...]
 
 
-def generated_prompts(prompts_per_step: int, oversample: float) -> int:
-    # the small epsilon keeps 32 x 1.5 at 48 in floating point, never 49
-    return math.ceil(prompts_per_step * oversample - 1e-9)
-
-
 def choose_groups(rewards: torch.Tensor, group_size: int, keep: int) -> list[int]:
-    grouped = rewards.float().view(-1, group_size)
-    signal = (grouped.max(dim=1).values != grouped.min(dim=1).values).tolist()
+    signal = signal_groups(rewards, group_size).tolist()
     order = [g for g, s in enumerate(signal) if s] + [g for g, s in enumerate(signal) if not s]
     return sorted(order[:keep])
 
@@ -50,6 +44,5 @@ def take_groups(batch: RolloutBatch, groups: Sequence[int], group_size: int) -> 
 
 
 def selection(rewards: torch.Tensor, group_size: int, keep: int) -> Selection:
-    grouped = rewards.float().view(-1, group_size)
-    uniform = (grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean()
-    return Selection(grouped.shape[0], float(uniform), tuple(choose_groups(rewards, group_size, keep)))
+    return Selection(rewards.numel() // group_size, zero_signal_fraction(rewards, group_size),
+                     tuple(choose_groups(rewards, group_size, keep)))

@@ -13,10 +13,9 @@ method of moments), which gives the uniform share at any other G with the same s
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
-
-import math
 
 import numpy as np
 

@@ -20,7 +20,6 @@ import numpy as np
 
 from scalelab.core.hardware import resolve_hardware
 from scalelab.grpo.capabilities import resolve_method
-from scalelab.grpo.dynsample import generated_prompts
 from scalelab.grpo.types import StepRecord
 
 PHASES = ("rollout", "reward", "reference", "old_logprob", "update", "weight_sync")
@@ -269,7 +268,7 @@ def predict_step(cfg: Any, policy: Any, prompt_len: float, device_type: str) -> 
     n_bytes = params[0].element_size()
     p, n_seq = cfg.predict, cfg.sequences_per_step
     # with data.oversample the rollout makes more groups than the update trains on (dynsample.py)
-    n_roll = generated_prompts(cfg.data.prompts_per_step, cfg.data.oversample) * cfg.rollout.group_size
+    n_roll = cfg.rollout_prompts_per_step * cfg.rollout.group_size
     gen_len = cfg.rollout.max_new_tokens * p.mean_length_frac
     tok_s = decode_tokens_per_s(n_params, n_bytes, n_roll, hw, p.decode_efficiency, p.decode_step_overhead_ms)
     flops_s = hw.bf16_flops * p.train_mfu

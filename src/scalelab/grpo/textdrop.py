@@ -6,8 +6,8 @@ has a budget: an ablation's runs (a learning-rate sweep, the staleness study) ne
 Dropping keeps per problem the lenient verdict, the strict one (read from the text before it goes) and the token
 count, so every figure of eval/summary.json, the paired intervals included, is recomputed from what stays. Nothing
 is written unless the texts first re-grade to the recorded verdicts and summary (rescore.py) and the verdicts alone
-then give that summary exactly. eval/texts.json records what went:
-each file's row count and the sha256 of its plain content, which finds it in the repository's history.
+then give that summary exactly. eval/texts.json records what went: each file's row count and the sha256 of its
+plain content, which finds it in the repository's history.
 
     drop_texts(run_dir) -> list[Dropped]      rewrite eval/base.json and trained.json without texts
 """

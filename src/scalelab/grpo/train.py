@@ -33,13 +33,13 @@ from scalelab.evals.codetasks import sandbox_record
 from scalelab.evals.tasks import get_task
 from scalelab.grpo import curve, heldout
 from scalelab.grpo.advantages import (LossSettings, Normalizer, group_advantages, grpo_loss, k3_kl,
-                                      zero_signal_fraction)
+                                      signal_groups, zero_signal_fraction)
 from scalelab.grpo.batch import Micro, StepTensors, collate, frame_logprobs_entropy, frozen_logprobs, micro_batches
 from scalelab.grpo.precision import compute_autocast
 from scalelab.grpo.checkpoint import CHECKPOINT, find_checkpoint, load_checkpoint, save_checkpoint
 from scalelab.grpo.config import GrpoConfig
 from scalelab.grpo.curriculum import Curriculum
-from scalelab.grpo.dynsample import Selection, generated_prompts, selection, take_groups
+from scalelab.grpo.dynsample import Selection, selection, take_groups
 from scalelab.grpo.distributed import (Dist, FollowerRunDir, check_world, engine_config, engine_dir, join_batches,
                                        launch, max_timing, scale_prediction, shard, take_rows)
 from scalelab.grpo.layercompile import compile_layers
@@ -187,9 +187,8 @@ def step_micros(t: StepTensors, cfg: GrpoConfig, rows: Sequence[int] | None = No
 
 def signal_rows(rewards: torch.Tensor, group_size: int) -> list[int]:
     """Rows (of the whole batch) whose group's rewards are not all equal: the rows a zero advantage spares."""
-    grouped = rewards.view(-1, group_size)
-    has = (grouped.max(dim=1).values != grouped.min(dim=1).values).tolist()
-    return [g * group_size + j for g, keep in enumerate(has) if keep for j in range(group_size)]
+    return [g * group_size + j for g, keep in enumerate(signal_groups(rewards, group_size).tolist()) if keep
+            for j in range(group_size)]
 
 
 def make_optimizer(policy: Any, cfg: GrpoConfig) -> torch.optim.Optimizer:
@@ -249,9 +248,8 @@ class Loop:
 
 def plan_batch(loop: Loop, step: int) -> BatchPlan:
     stage = loop.curriculum.stage if loop.curriculum else 0
-    n, d = len(loop.parts.pool(stage)), loop.cfg.data
-    per_step = generated_prompts(d.prompts_per_step, d.oversample)
-    return BatchPlan(stage, tuple(prompt_indices(n, step, per_step, loop.cfg.train.seed)))
+    n = len(loop.parts.pool(stage))
+    return BatchPlan(stage, tuple(prompt_indices(n, step, loop.cfg.rollout_prompts_per_step, loop.cfg.train.seed)))
 
 
 def keep_signal_groups(loop: Loop, batch: RolloutBatch, plan: BatchPlan,
@@ -445,8 +443,8 @@ def start_loop(cfg: GrpoConfig, parts: Parts, run: RunDir, dist: Dist = Dist()) 
                 engine_dir=workdir)
     loop.load_state_dict(state)
     for s in pipe.pending:  # a checkpoint from before plans were saved: its batches came from the one pool
-        per_step = generated_prompts(cfg.data.prompts_per_step, cfg.data.oversample)
-        loop.plans.setdefault(s, BatchPlan(0, tuple(prompt_indices(len(parts.pool(0)), s, per_step, cfg.train.seed))))
+        loop.plans.setdefault(s, BatchPlan(0, tuple(prompt_indices(len(parts.pool(0)), s, cfg.rollout_prompts_per_step,
+                                                                   cfg.train.seed))))
     return loop, start
 
 
