@@ -62,9 +62,15 @@ run() {  # a command, or under DRY_RUN=1 its line
 config_of() { case $1 in 7b) echo configs/serve/h200-7b-open-loop.toml ;; 05b) echo configs/serve/h200-qwen05-open-loop.toml ;;
               *) echo "unknown model $1" >&2; return 1 ;; esac; }
 model_set() { [ "$1" = 7b ] && echo --set "model.path=\"$MODEL_7B\""; return 0; }
+gpu_table_key() {  # the hardware table key of this machine's GPU (predictions and costs), else the config's
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  case $name in *H200*) echo h200 ;; *H100*) echo h100-sxm ;; esac
+}
+HW=${HW:-$(gpu_table_key)}
 common() {  # the --set every run folder of model $1 gets
   echo --set "engine.url=\"http://127.0.0.1:$PORT\"" --set "workload.path=\"$HEAD\"" --set "run.out_dir=\"$RUNS\"" \
-    $(model_set "$1")
+    $(model_set "$1") ${HW:+--set "cost.hardware=\"$HW\""}
 }
 
 # ---------------------------------------------------------------------------------------------- the engine
