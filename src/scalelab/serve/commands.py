@@ -1,4 +1,4 @@
-"""`scalelab serve <verb>`: sweep, search, table, report, docs, config."""
+"""`scalelab serve <verb>`: sweep, search, table, report, slim, docs, config."""
 from __future__ import annotations
 
 import argparse
@@ -36,6 +36,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="run folder")
     p.set_defaults(func=_report)
 
+    p = verbs.add_parser("slim", help="store a run folder's per-request records small enough to commit: gap lists "
+                                      "become per-request figures and a pooled histogram (requests-slim/)")
+    p.add_argument("run", help="run folder")
+    p.set_defaults(func=_slim)
+
     p = verbs.add_parser("docs", help="write docs/serve.md from one or more run folders alone (predicted vs "
                                       "measured, where TP scaling breaks, SLOs, cost, what was not measured)")
     p.add_argument("runs", nargs="*", default=["docs/serve.toml"],
@@ -51,6 +56,15 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 # The verbs below import their job when they run (imports inside functions): the CLI builds every job's
 # parser at start, and the job's modules load scipy and the GPT-2 tokenizer on import.
+def _slim(args: argparse.Namespace) -> int:
+    import tomllib
+    from scalelab.serve.slim import slim_run
+    cfg = Path(args.run) / "config.toml"
+    slo = tomllib.loads(cfg.read_text()).get("slo", {}) if cfg.is_file() else {}
+    print(slim_run(args.run, float(slo.get("itl_quantile", 0.99))))
+    return 0
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from scalelab.serve.sweep import run_sweep
     run = run_sweep(load_serve_config(args.config, args.set))

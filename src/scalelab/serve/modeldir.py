@@ -162,13 +162,21 @@ def make_model_dir(spec: ModelSpec, out: str | Path, arch: str = "auto", *, max_
     out = Path(out)
     config = hf_config(spec, arch, max_position_embeddings, rope_theta, dtype)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    write_generation_config(out)
-    context = config.get("max_position_embeddings", config.get("n_positions"))
-    write_tokenizer(out, context, None)
-    pad_vocab(out / "vocab.json", spec.vocab_size)
-    if with_random_weights:
-        write_random_weights(out, dtype, seed)
+    # callers take a folder holding config.json as finished: one cut short (a missing tokenizer package, a full
+    # disk) must not keep it, or the next run serves a folder without its tokenizer or weights
+    try:
+        write_generation_config(out)
+        context = config.get("max_position_embeddings", config.get("n_positions"))
+        write_tokenizer(out, context, None)
+        pad_vocab(out / "vocab.json", spec.vocab_size)
+        tmp = out / "config.json.partial"
+        tmp.write_text(json.dumps(config, indent=2) + "\n")
+        tmp.replace(out / "config.json")
+        if with_random_weights:   # reads config.json back through transformers
+            write_random_weights(out, dtype, seed)
+    except BaseException:
+        (out / "config.json").unlink(missing_ok=True)
+        raise
     return out
 
 

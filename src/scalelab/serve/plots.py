@@ -152,3 +152,39 @@ def _diagonal(ax: Any, cs: Sequence[Comparison], log: bool) -> None:
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.grid(alpha=0.3)
+
+
+def plot_open_loop(points: Sequence[Any], slo: Any, path: Path) -> Path:
+    """Open-loop Poisson ladders against their predictions (serve.openloop.RatePoint): goodput share, p50/p99
+    TTFT and p50/p99 ITL against the offered rate; measured solid, predicted dashed, the SLO dotted."""
+    fig = _figure(13.0)
+    panels = (("goodput share", (("goodput_share", "o"),), slo.attainment),
+              ("TTFT (ms)", (("ttft_p50_ms", "s"), ("ttft_p99_ms", "o")), slo.ttft_s * 1e3),
+              ("ITL (ms)", (("itl_p50_ms", "s"), ("itl_p99_ms", "o")), slo.itl_s * 1e3))
+    lines: dict[str, list[Any]] = {}
+    for p in points:
+        if abs(p.cv - 1) < 1e-6:
+            lines.setdefault(f"{p.engine} TP={p.tp}", []).append(p)
+    for i, (title, figures, limit) in enumerate(panels):
+        ax = fig.add_subplot(1, 3, i + 1)
+        for n, (name, ps) in enumerate(sorted(lines.items())):
+            color = f"C{n}"
+            for figure, marker in figures:
+                x = [p.rate_rps for p in ps]
+                short = figure.split("_")[1] if "_p" in figure else ""
+                ax.plot(x, [getattr(p.measured, figure) for p in ps], marker=marker, color=color,
+                        label=f"{name} {short} measured".replace("  ", " "))
+                ax.plot(x, [getattr(p.predicted, figure) for p in ps], marker=marker, color=color, ls="--",
+                        alpha=0.6, label=f"{name} {short} predicted".replace("  ", " "))
+        ax.axhline(limit, color="black", ls=":", lw=1)
+        if i > 0:
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("offered rate (req/s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle("Open loop, Poisson arrivals: measured (solid) and predicted before the run (dashed); "
+                 "dotted: the SLO", fontsize=10)
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.13, top=0.88, wspace=0.25)
+    save_png(fig, path)
+    return path

@@ -19,12 +19,14 @@ from scalelab.serve.compare import (
     cost_table, coverage_sentence, ratio_summary, render_table, score_sentence,
 )
 from scalelab.serve.explain import explain_scaling
-from scalelab.serve.plots import plot_predicted_vs_measured
+from scalelab.serve.openloop import misses_md, open_loop_md, poisson_ladders, rate_points, row_misses
+from scalelab.serve.plots import plot_open_loop, plot_predicted_vs_measured
 from scalelab.serve.prices import PriceTable
 from scalelab.serve.refit import (
     Calibrated, calibrate, explain_kwargs, fitted_summary, model_inputs, rerun_priors, tp_check,
 )
 from scalelab.serve.rows import Row
+from scalelab.serve.table import arrival_cv, offered, rate_rps
 from scalelab.serve.stepmodel import ServeCalibration, resolved
 from scalelab.serve.sweepdata import Settings, SweepData, engine_versions, find_key, gpus_phrase, load_sweep, settings
 
@@ -154,9 +156,26 @@ def _tp_check_md(a: Analysis) -> list[str]:
             "other constants are the priors.", "", score_sentence(cs, "held-out"), "", ratio_summary(cs), ""]
 
 
+def _open_loop_md(a: Analysis) -> list[str]:
+    points = rate_points(a.data.measured, a.data.predicted_open)
+    slo = a.settings.slo
+    rows = sorted((r for r in a.data.measured if r.status == "ok" and rate_rps(r) is not None), key=rate_rps)
+    misses = [m for r in rows if (m := row_misses(a.data.run_dir, r, slo.ttft_s, slo.itl_s, slo.itl_quantile))]
+    return open_loop_md(points, slo.attainment) + misses_md(misses, slo.ttft_s, slo.itl_s)
+
+
+OPEN_LOOP_FIGURE = "figures/open_loop_predicted_vs_measured.png"
+
+
 def comparison_md(a: Analysis) -> list[str]:
-    return (["## Predicted vs measured", ""] + _file_md(a) + _rerun_md(a) + _calibrated_md(a) + _tp_check_md(a)
-            + ["![predicted vs measured](figures/predicted_vs_measured.png)", ""])
+    lines = ["## Predicted vs measured", ""] + _open_loop_md(a)
+    if any(rate_rps(r) is None for r in a.data.measured) or not a.data.predicted_open:
+        lines += _file_md(a) + _rerun_md(a) + _calibrated_md(a) + _tp_check_md(a)
+    if poisson_ladders(rate_points(a.data.measured, a.data.predicted_open)):
+        lines += [f"![open loop, predicted vs measured]({OPEN_LOOP_FIGURE})", ""]
+    if a.comparisons:
+        lines += ["![predicted vs measured](figures/predicted_vs_measured.png)", ""]
+    return lines
 
 
 def render_report(a: Analysis) -> str:
@@ -176,7 +195,21 @@ def cost_md(rows: Sequence[Row], st: Settings) -> list[str]:
     if api.prices:
         lines += [api_price_table(api), "", f"Each API's figure below is {api_basis(api)}.", ""]
     return lines + [cost_table(rows, st.usd_per_gpu_hour, api), "",
-                    cost_sentence(rows, st.usd_per_gpu_hour, api, "measured"), ""]
+                    cost_sentence(rows, st.usd_per_gpu_hour, api, "measured"), ""] + slo_cost_md(rows, st)
+
+
+def slo_cost_md(rows: Sequence[Row], st: Settings) -> list[str]:
+    """The price at the highest open-loop rate that meets the SLO: a row past the knee is cheaper per token only
+    because its requests miss the SLO."""
+    meeting = [r for r in rows if r.status == "ok" and rate_rps(r) is not None and arrival_cv(r) in (None, 1.0)
+               and r.figures.goodput_share >= st.slo.attainment]
+    if not meeting:
+        return []
+    best = max(meeting, key=rate_rps)
+    usd = best.figures.gpu_hours_per_1m * st.usd_per_gpu_hour
+    return [f"At the highest Poisson rate that meets the SLO ({offered(best)}, goodput "
+            f"{best.figures.goodput_share:.0%}): {best.figures.gpu_hours_per_1m:.3g} GPU-hours and ${usd:.2f} per "
+            f"1M output tokens.", ""]
 
 
 def report(run_dir: str | Path, price_table: PriceSource = None) -> Path:
@@ -188,7 +221,11 @@ def report(run_dir: str | Path, price_table: PriceSource = None) -> Path:
         write_json(folder / "predictions_calibrated.json", {"calibration": a.calibrated.calibration.to_dict(),
                                                             "rows": [r.to_dict() for r in a.calibrated.rows],
                                                             "provenance": folder_provenance(folder)})
-    plot_predicted_vs_measured(a.comparisons, folder / "figures" / "predicted_vs_measured.png")
+    if a.comparisons:
+        plot_predicted_vs_measured(a.comparisons, folder / "figures" / "predicted_vs_measured.png")
+    ladders = poisson_ladders(rate_points(a.data.measured, a.data.predicted_open))
+    if ladders:
+        plot_open_loop([p for ps in ladders.values() for p in ps], a.settings.slo, folder / OPEN_LOOP_FIGURE)
     return write_doc(render_report(a), folder / "REPORT.md")
 
 

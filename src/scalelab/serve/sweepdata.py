@@ -35,6 +35,7 @@ class SweepData:
     predicted: tuple[Row, ...]
     measured: tuple[Row, ...]
     table_md: str | None
+    predicted_open: tuple[Row, ...] = ()    # the open-loop rows' predictions (serve.openloop scores them)
 
 
 def _need(run_dir: Path, name: str, what: str) -> Path:
@@ -86,10 +87,14 @@ def load_sweep(run_dir: str | Path) -> SweepData:
         raise ValueError(f"{cfg_path}: invalid TOML: {e}") from None
     prov = read_json(_need(run_dir, "provenance.json", "versions, hardware and command of the sweep"))
     table = run_dir / "table.md"
-    # the report scores the closed-loop predictions; the open-loop ones and their knee stay in predictions.json
-    predicted = tuple(r for r in read_predicted(run_dir) if not open_loop(r))
+    # closed-loop predictions go through the calibration and its comparisons, open-loop ones through openloop
+    # a rate search picks its probes as it goes, so its folder has no predictions.json
+    search = is_stored(run_dir / "search.json") and not is_stored(run_dir / "predictions.json")
+    everything = () if search else read_predicted(run_dir)
+    predicted = tuple(r for r in everything if not open_loop(r))
     return SweepData(run_dir, config, prov if isinstance(prov, dict) else {}, predicted,
-                     read_measured(run_dir), table.read_text() if table.is_file() else None)
+                     read_measured(run_dir), table.read_text() if table.is_file() else None,
+                     tuple(r for r in everything if open_loop(r)))
 
 
 # ---------------------------------------------------------------------------------------------
