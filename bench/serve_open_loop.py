@@ -37,6 +37,7 @@ from scalelab.core.readers import JsonArrayReader, packaged_sharegpt
 from scalelab.core.rundir import RunDir
 from scalelab.serve.config import ServeConfig, load_serve_config
 from scalelab.serve.metrics import SLO
+from scalelab.serve.openloop import knee_of
 from scalelab.serve.sweep import (
     Setup, engine_spec, engine_version, model_folder, plan_points, pool_size, predict_rows, predicted_knees,
     requests_per_repeat, resolve_cost, resolve_spec, sample_pool, split_pool, warmup_requests,
@@ -104,7 +105,7 @@ def measured_ladder(run_dir: Path) -> tuple[float, list[tuple[float, float]], fl
     attainment = float(read_toml(run_dir / "config.toml").get("slo", {}).get("attainment", 0.9))
     ladder = sorted((rate_rps(r), r.figures.goodput_share) for r in latest_rows(read_rows(run_dir / "rows.jsonl"))
                     if r.status == "ok" and rate_rps(r) is not None)
-    return attainment, ladder, next((x for x, share in ladder if share < attainment), None)
+    return attainment, ladder, knee_of(ladder, attainment).knee_rps
 
 
 def knee(run_dir: Path) -> float | None:

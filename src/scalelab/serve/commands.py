@@ -36,8 +36,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="run folder")
     p.set_defaults(func=_report)
 
-    p = verbs.add_parser("slim", help="store a run folder's per-request records small enough to commit: gap lists "
-                                      "become per-request figures and a pooled histogram (requests-slim/)")
+    p = verbs.add_parser("slim", help="store a run folder's per-request records small enough to commit: each gap "
+                                      "list becomes its count and judged gap (requests-slim/)")
     p.add_argument("run", help="run folder")
     p.set_defaults(func=_slim)
 

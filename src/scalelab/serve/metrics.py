@@ -67,13 +67,18 @@ def tpot_s(r: RequestResult) -> float | None:
     return (r.e2e_s - r.ttft_s) / (r.output_tokens - 1) if r.output_tokens >= 2 else None
 
 
-def request_itl_s(r: RequestResult, quantile: float) -> float:
+def judged_gap_s(gaps: Sequence[float], quantile: float) -> float:
     """The gap judged for one request: the `quantile` of its gaps by the "higher" order statistic (rank
     ceil(1 + q(n-1))), so never an interpolated value; with q = 0.99 and n <= 100 gaps this is the max gap.
     0 for a request with no gaps (one output chunk)."""
-    if not r.itl_s:
+    if len(gaps) == 0:
         return 0.0
-    return float(np.quantile(np.asarray(r.itl_s), quantile, method="higher"))
+    return float(np.quantile(np.asarray(gaps, dtype=float), quantile, method="higher"))
+
+
+def request_itl_s(r: RequestResult, quantile: float) -> float:
+    """`judged_gap_s` of one request's gaps."""
+    return judged_gap_s(r.itl_s, quantile)
 
 
 def meets_slo(r: RequestResult, slo: SLO) -> bool:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Sequence
 
 from scalelab.core.jsonio import find_stored, iter_jsonl
-
 from scalelab.serve.compare import WITHIN
+from scalelab.serve.metrics import judged_gap_s
 from scalelab.serve.rows import Row, RowFigures
 from scalelab.serve.table import arrival_cv, offered, rate_rps
 
@@ -181,12 +181,9 @@ class Misses:
     failed: int
 
 
-def judged_gap_s(d: dict, quantile: float) -> float:
+def record_gap_s(d: dict, quantile: float) -> float:
     """The request's judged gap from a full record (its gap list) or a slim one (serve.slim)."""
-    if "itl_s" in d:
-        gaps = sorted(d["itl_s"])
-        return gaps[min(len(gaps) - 1, math.ceil(quantile * (len(gaps) - 1)))] if gaps else 0.0
-    return d.get("gap_judged_s", 0.0)
+    return judged_gap_s(d["itl_s"], quantile) if "itl_s" in d else d.get("gap_judged_s", 0.0)
 
 
 def row_misses(run_dir: Path, row: Row, ttft_s: float, itl_s: float, quantile: float = 0.99) -> Misses | None:
@@ -204,7 +201,7 @@ def row_misses(run_dir: Path, row: Row, ttft_s: float, itl_s: float, quantile: f
             if not d.get("success", True):
                 failed += 1
                 continue
-            late, gap = d["ttft_s"] > ttft_s, judged_gap_s(d, quantile) > itl_s
+            late, gap = d["ttft_s"] > ttft_s, record_gap_s(d, quantile) > itl_s
             t_only, g_only, both = t_only + (late and not gap), g_only + (gap and not late), both + (late and gap)
     return Misses(offered(row), rate_rps(row), n, t_only, g_only, both, failed)
 

@@ -154,21 +154,17 @@ def _diagonal(ax: Any, cs: Sequence[Comparison], log: bool) -> None:
     ax.grid(alpha=0.3)
 
 
-def plot_open_loop(points: Sequence[Any], slo: Any, path: Path) -> Path:
-    """Open-loop Poisson ladders against their predictions (serve.openloop.RatePoint): goodput share, p50/p99
-    TTFT and p50/p99 ITL against the offered rate; measured solid, predicted dashed, the SLO dotted."""
+def plot_open_loop(ladders: dict[tuple[str, int], list[Any]], slo: Any, path: Path) -> Path:
+    """Open-loop Poisson ladders against their predictions (serve.openloop.poisson_ladders): goodput share,
+    p50/p99 TTFT and p50/p99 ITL against the offered rate; measured solid, predicted dashed, the SLO dotted."""
     fig = _figure(13.0)
     panels = (("goodput share", (("goodput_share", "o"),), slo.attainment),
               ("TTFT (ms)", (("ttft_p50_ms", "s"), ("ttft_p99_ms", "o")), slo.ttft_s * 1e3),
               ("ITL (ms)", (("itl_p50_ms", "s"), ("itl_p99_ms", "o")), slo.itl_s * 1e3))
-    lines: dict[str, list[Any]] = {}
-    for p in points:
-        if abs(p.cv - 1) < 1e-6:
-            lines.setdefault(f"{p.engine} TP={p.tp}", []).append(p)
     for i, (title, figures, limit) in enumerate(panels):
         ax = fig.add_subplot(1, 3, i + 1)
-        for n, (name, ps) in enumerate(sorted(lines.items())):
-            color = f"C{n}"
+        for n, ((engine, tp), ps) in enumerate(ladders.items()):
+            name, color = f"{engine} TP={tp}", f"C{n}"
             for figure, marker in figures:
                 x = [p.rate_rps for p in ps]
                 short = figure.split("_")[1] if "_p" in figure else ""

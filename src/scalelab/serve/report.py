@@ -19,7 +19,7 @@ from scalelab.serve.compare import (
     cost_table, coverage_sentence, ratio_summary, render_table, score_sentence,
 )
 from scalelab.serve.explain import explain_scaling
-from scalelab.serve.openloop import misses_md, open_loop_md, poisson_ladders, rate_points, row_misses
+from scalelab.serve.openloop import RatePoint, misses_md, open_loop_md, poisson_ladders, rate_points, row_misses
 from scalelab.serve.plots import plot_open_loop, plot_predicted_vs_measured
 from scalelab.serve.prices import PriceTable
 from scalelab.serve.refit import (
@@ -54,6 +54,7 @@ class Analysis:
     calibrated: Calibrated                  # fitted on default_fit_labels
     tp_check: Calibrated | None             # fitted on the smallest TP alone; None with one TP measured
     comparisons: tuple[Comparison, ...]     # the predictions on file, the rerun, the calibrated predictions
+    open_points: tuple[RatePoint, ...] = ()  # open-loop rows beside their predictions (serve.openloop)
 
 
 # A price table, or what reads one; None = the pinned wheel's (serve.prices.pinned_table)
@@ -65,7 +66,8 @@ def analyze(data: SweepData, price_table: PriceSource = None) -> Analysis:
     cal = calibrate(data.measured, data.predicted)
     cs = (comparisons(data.measured, data.predicted) + comparisons(data.measured, rerun, "rerun")
           + comparisons(data.measured, cal.rows))
-    return Analysis(data, settings(data, price_table), rerun, cal, tp_check(data.measured, data.predicted), tuple(cs))
+    return Analysis(data, settings(data, price_table), rerun, cal, tp_check(data.measured, data.predicted), tuple(cs),
+                    tuple(rate_points(data.measured, data.predicted_open)))
 
 
 def explained_rows(a: Analysis) -> list[Row]:
@@ -157,11 +159,10 @@ def _tp_check_md(a: Analysis) -> list[str]:
 
 
 def _open_loop_md(a: Analysis) -> list[str]:
-    points = rate_points(a.data.measured, a.data.predicted_open)
     slo = a.settings.slo
     rows = sorted((r for r in a.data.measured if r.status == "ok" and rate_rps(r) is not None), key=rate_rps)
     misses = [m for r in rows if (m := row_misses(a.data.run_dir, r, slo.ttft_s, slo.itl_s, slo.itl_quantile))]
-    return open_loop_md(points, slo.attainment) + misses_md(misses, slo.ttft_s, slo.itl_s)
+    return open_loop_md(a.open_points, slo.attainment) + misses_md(misses, slo.ttft_s, slo.itl_s)
 
 
 OPEN_LOOP_FIGURE = "figures/open_loop_predicted_vs_measured.png"
@@ -171,7 +172,7 @@ def comparison_md(a: Analysis) -> list[str]:
     lines = ["## Predicted vs measured", ""] + _open_loop_md(a)
     if any(rate_rps(r) is None for r in a.data.measured) or not a.data.predicted_open:
         lines += _file_md(a) + _rerun_md(a) + _calibrated_md(a) + _tp_check_md(a)
-    if poisson_ladders(rate_points(a.data.measured, a.data.predicted_open)):
+    if poisson_ladders(a.open_points):
         lines += [f"![open loop, predicted vs measured]({OPEN_LOOP_FIGURE})", ""]
     if a.comparisons:
         lines += ["![predicted vs measured](figures/predicted_vs_measured.png)", ""]
@@ -223,9 +224,9 @@ def report(run_dir: str | Path, price_table: PriceSource = None) -> Path:
                                                             "provenance": folder_provenance(folder)})
     if a.comparisons:
         plot_predicted_vs_measured(a.comparisons, folder / "figures" / "predicted_vs_measured.png")
-    ladders = poisson_ladders(rate_points(a.data.measured, a.data.predicted_open))
+    ladders = poisson_ladders(a.open_points)
     if ladders:
-        plot_open_loop([p for ps in ladders.values() for p in ps], a.settings.slo, folder / OPEN_LOOP_FIGURE)
+        plot_open_loop(ladders, a.settings.slo, folder / OPEN_LOOP_FIGURE)
     return write_doc(render_report(a), folder / "REPORT.md")
 
 

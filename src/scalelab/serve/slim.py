@@ -2,7 +2,7 @@
 
 A sweep's requests/*.jsonl hold every inter-token gap of every request (~44 MB for a 7B ladder of 18 repeats). A
 committed run folder keeps, per request, everything but the gap list, and in its place the gaps' count and the
-quantile the SLO judges (serve.metrics.request_itl_s, method "higher"), times to 10 us, so that each request's
+quantile the SLO judges (serve.metrics.judged_gap_s, method "higher"), times to 10 us, so that each request's
 SLO verdict, TTFT and end-to-end latency recompute (a verdict can change only for a time within 10 us of its
 limit); the rows keep the pooled ITL percentiles computed from every gap. MANIFEST.json names each full file by
 its sha256 and size (kept outside the repository); a warm-up file, excluded from every figure, only there.
@@ -17,9 +17,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from scalelab.core.jsonio import iter_jsonl, write_json
+from scalelab.serve.metrics import judged_gap_s
 
 SLIM_DIR = "requests-slim"
 DEFAULTS = {"error": "", "usage_reported": True, "warmup": False}   # left out when a record has them
@@ -33,10 +32,10 @@ def slim_record(d: dict[str, Any], quantile: float) -> dict[str, Any]:
     """One request without its gap list; its gap count and judged gap in its place; times to 10 us."""
     out = {k: (_t(v) if isinstance(v, float) else v) for k, v in d.items()
            if k != "itl_s" and not (k in DEFAULTS and v == DEFAULTS[k])}
-    gaps = np.asarray(d.get("itl_s", []), dtype=float)
-    out["gaps"] = int(gaps.size)
-    if gaps.size:
-        out["gap_judged_s"] = _t(np.quantile(gaps, quantile, method="higher"))
+    gaps = d.get("itl_s", [])
+    out["gaps"] = len(gaps)
+    if gaps:
+        out["gap_judged_s"] = _t(judged_gap_s(gaps, quantile))
     return out
 
 

@@ -42,6 +42,7 @@ from scalelab.serve.config import RESUME_KEYS, RUN_DIR_TOKEN, ServeConfig
 from scalelab.serve.fit import check_fit, engine_limits
 from scalelab.serve.metrics import SLO, RateSearch, cost_per_1m_output, find_max_rate, measured, spread, summarize
 from scalelab.serve.modeldir import ModelDirError, make_model_dir, spec_from_hf_config
+from scalelab.serve.openloop import knee_of
 from scalelab.serve.plots import write_plots
 from scalelab.serve.rows import Row, RowFigures, RowKey, row_from_dict
 from scalelab.serve.stepmodel import ServeCalibration, calibration_from_dict
@@ -327,7 +328,7 @@ def predicted_knees(rows: Sequence[dict[str, Any]], attainment: float) -> list[d
     out = []
     for (engine, tp), ladder in sorted(ladders.items()):
         ladder.sort()
-        knee = next((x for x, share in ladder if share < attainment), None)
+        knee = knee_of(ladder, attainment).knee_rps
         below = [x for x, _ in ladder if knee is None or x < knee]
         out.append({"engine": engine, "tp": tp, "knee_rps": knee, "max_rate_meeting_slo_rps": max(below, default=None),
                     "ladder": [{"rate_rps": x, "goodput_share": share} for x, share in ladder]})
