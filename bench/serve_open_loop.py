@@ -33,6 +33,7 @@ from scalelab.core.config import read_toml
 from scalelab.core.engines import build_command
 from scalelab.core.hardware import resolve_hardware
 from scalelab.core.jsonio import is_stored, read_json, write_json
+from scalelab.core.provenance import git_sha
 from scalelab.core.readers import JsonArrayReader, packaged_sharegpt
 from scalelab.core.rundir import RunDir
 from scalelab.serve.config import ServeConfig, load_serve_config
@@ -91,7 +92,7 @@ def _server(args: argparse.Namespace) -> int:
     command = build_command(spec)
     record = {"command": command, "env": dict(spec.env), "engine": engine, "tp": tp, "model": setup.model_path,
               "config": str(args.config), "overrides": list(args.set), "url": spec.url,
-              "engine_version": engine_version(spec.python, engine)}
+              "engine_version": engine_version(spec.python, engine), "git_sha": git_sha()}
     write_json(folder / "server.json", record)
     print(" ".join(command), flush=True)
     if args.dry_run:
