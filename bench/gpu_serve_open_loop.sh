@@ -10,6 +10,8 @@
 #   *-gamma   the measured knee rate (bench/serve_open_loop.py knee) with gamma gaps of CV $GAMMA_CV
 #   *-eos     the knee rate with EOS handling swapped (7B: honoured; 0.5B: ignored)
 #   *-search  the rate search (2 repeats per probe), bracketed by the ladder (bench/serve_open_loop.py bracket)
+#   7b-crosscheck  our client against `vllm bench serve` on the same engine, prompts, Poisson rate and seed,
+#             interleaved repeats (bench/vllm_bench_crosscheck.py; XC_RATE, XC_PROMPTS, XC_REPEATS)
 # Sweeps resume from their rows.jsonl, so a part cut off (or restored on a fresh machine) continues where it stopped.
 #   bash bench/gpu_serve_open_loop.sh prep [CHUNK_DIR]   HERE: the ShareGPT head, the GGUF and two wheels as one
 #                                                        chunk set (bench/TRANSFER.md), default /tmp/serve-chunks
@@ -42,6 +44,8 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
        VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/serve-runs}; DATA=${DATA:-/tmp/serve-data}; PORT=${PORT:-8100}
 PY=${PY:-python3}; DRY_RUN=${DRY_RUN:-0}; GAMMA_CV=${GAMMA_CV:-1.4142135623730951}
+# the crosscheck's load: 26 req/s meets the SLO on the H100 (results/h100/serve/open-loop-1), 20 s of arrivals
+XC_RATE=${XC_RATE:-26}; XC_PROMPTS=${XC_PROMPTS:-520}; XC_REPEATS=${XC_REPEATS:-3}
 MODEL_7B=${MODEL_7B:-/tmp/models/qwen2.5-7b}
 # The issue's order: (a) the 7B ladder, (b) the 0.5B ladder, (c) the swaps at each knee (while that engine is up),
 # then the searches; the 7B engine starts a second time for its search (~2 min) so that (b) comes sooner.
@@ -132,6 +136,11 @@ part() {  # $1 = <model>-<what>
     eos) k=$(knee_of "$model") || return 1
          local swapped=false; [ "$model" = 05b ] && swapped=true
          sweep "$model" "$model-eos" --set "sweep.rates=[$k]" --set "workload.ignore_eos=$swapped" ;;
+    crosscheck) mkdir -p "$RUNS/$model-crosscheck"
+                run "$PY" bench/vllm_bench_crosscheck.py --url "http://127.0.0.1:$PORT" --model "$MODEL_7B" \
+                  --vllm-python "$PY" --sharegpt "$HEAD" --rate "$XC_RATE" --num-prompts "$XC_PROMPTS" \
+                  --repeats "$XC_REPEATS" --output-tokens 256 --prompt-max 1000 --scan-limit 2141 \
+                  --tolerance 0.05 --out "$RUNS/$model-crosscheck/crosscheck.json" ;;
     search) read -r lo hi < <(search_bracket "$model")
             run "$PY" -m scalelab.cli serve search --config "$(config_of "$model")" $(common "$model") \
               --set "run.name=\"$model-search\"" --set "search.lo_rps=$lo" --set "search.hi_rps=$hi" ;;
