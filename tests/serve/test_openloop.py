@@ -69,3 +69,21 @@ def test_misses_are_counted_by_reason_from_full_or_slim_records(tmp_path):
     m = row_misses(tmp_path, row, 2.0, 0.100)
     assert (m.requests, m.ttft_only, m.gap_only, m.both, m.failed) == (7, 1, 2, 1, 1)
     assert row_misses(tmp_path / "none", row, 2.0, 0.1) is None
+
+
+def test_search_json_reads_back_as_written_and_prints_as_the_cli_does(tmp_path):
+    from scalelab.core.jsonio import write_json
+    from scalelab.serve.metrics import SLO, Probe, RateSearch
+    from scalelab.serve.openloop import read_search, search_sentence
+    from scalelab.serve.sweep import search_record
+
+    found = RateSearch(36.87817782917155, 0.9574468085106382,
+                       (Probe(34.0, (0.98, 0.99), True), Probe(40.0, (0.99, 0.40), False),
+                        Probe(36.87817782917155, (1.0, 0.915), True)))
+    write_json(tmp_path / "search.json", search_record(found, "vllm", 1, 2, SLO(2.0, 0.1)))
+    assert read_search(tmp_path) == found
+    assert read_search(tmp_path / "none") is None
+    assert search_sentence(found) == (
+        "highest rate meeting the SLO: 36.9 req/s (median share 96%)\n"
+        "probes (each repeat's goodput share): 34/s -> 98%/99% (meets), 40/s -> 99%/40% (misses), "
+        "36.9/s -> 100%/92% (meets)")

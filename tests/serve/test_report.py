@@ -232,3 +232,35 @@ def test_token_ratio_from_the_predictions_when_rows_did_not_count(tmp_path: Path
     assert ratio == pytest.approx(2.25) and "EOS ignored" in source
     (folder / "config.toml").write_text(CONFIG + "[workload]\nignore_eos = false\n")
     assert "upper bounds, EOS honoured" in token_ratio(load_sweep(folder))[1]
+
+
+def _rate_row(rate: float, share: float, status: str) -> Row:
+    f = figures(1000 * rate, 50, 100 * rate / 10, 10, 20, share, 0.1 / rate)
+    return Row(RowKey("vllm", 1, 0), status, f, provenance={
+        "load": {"mode": "rate", "rate_rps": rate, "cv": 1.0}, "request_files": f"requests/vllm-tp1-r{rate:g}-*.jsonl"})
+
+
+def test_open_loop_ladder_in_its_report_and_in_docs(hand_made: Path, tmp_path: Path):
+    """A Poisson ladder: its knee scored in REPORT.md and docs, each request's miss counted, the price taken at
+    the highest rate that meets the SLO, and the closed-loop sections left to the closed-loop sweep."""
+    shares = {10.0: 1.0, 20.0: 0.95, 30.0: 0.80}
+    folder = write_folder(tmp_path / "loop" / "ladder", [_rate_row(r, s, "ok") for r, s in shares.items()],
+                          [_rate_row(10.0, 1.0, "predicted"), _rate_row(20.0, 0.85, "predicted"),
+                           _rate_row(30.0, 0.5, "predicted")])
+    (folder / "requests").mkdir()
+    late_and_stalled = [{"ttft_s": 2.5, "itl_s": [0.01] * 10, "success": True},
+                        {"ttft_s": 0.1, "itl_s": [0.01] * 9 + [0.3], "success": True},
+                        {"ttft_s": 0.1, "itl_s": [0.01] * 10, "success": True}]
+    (folder / "requests" / "vllm-tp1-r30-r0.jsonl").write_text("".join(json.dumps(d) + "\n" for d in late_and_stalled))
+    report = write_report(folder, PRICES).read_text()
+    assert "knee predicted 20 req/s, measured 30 req/s (ratio 0.67, outside ±20%)" in report
+    assert "| Poisson λ=30 req/s | 3 | 1 (33%) | 1 (33%) | 0 (0%) | 0 (0%) |" in report
+    # highest rate meeting 90%: 20 req/s, 0.1 / 20 = 0.005 GPU-hours, x $2.00
+    assert "(Poisson λ=20 req/s, goodput 95%): 0.005 GPU-hours and $0.01 per 1M output tokens" in report
+    assert (folder / "figures" / "open_loop_predicted_vs_measured.png").stat().st_size > 1000
+    assert not (folder / "figures" / "predicted_vs_measured.png").exists()   # no closed-loop comparison to draw
+    text = render_docs([hand_made, folder], tmp_path / "serve.md", PRICES).read_text()
+    assert "- `loop/ladder`: vllm TP=1, Poisson ladder up to 30 req/s: knee predicted 20 req/s" in text
+    assert "| `loop/ladder` | vllm TP=1 rate=30 req/s |" in text
+    assert "| `loop/ladder` | Poisson λ=30 req/s | 3 | 1 (33%) |" in text
+    assert "`ladder`:" not in text.split("## Open loop")[0]     # closed-loop sections name the closed sweep only

@@ -73,12 +73,9 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
+    from scalelab.serve.openloop import search_sentence
     from scalelab.serve.sweep import run_search
-    result = run_search(load_serve_config(args.config, args.set), args.engine, args.tp)
-    probes = ", ".join(f"{p.rate_rps:.3g}/s -> {'/'.join(f'{x:.0%}' for x in p.shares)}"
-                       f" ({'meets' if p.meets else 'misses'})" for p in result.probes)
-    print(f"highest rate meeting the SLO: {result.rate_rps:.3g} req/s ({result.rule} share "
-          f"{result.share_at_rate:.0%})\nprobes (each repeat's goodput share): {probes}")
+    print(search_sentence(run_search(load_serve_config(args.config, args.set), args.engine, args.tp)))
     return 0
 
 

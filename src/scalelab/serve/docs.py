@@ -20,9 +20,13 @@ from scalelab.serve.explain import (
 from scalelab.serve.model import SCORED_FIGURES, predict_row
 from scalelab.serve.prices import ApiPrices, blended_usd_per_1m
 from scalelab.serve.refit import explain_kwargs, fitted_summary, model_inputs
-from scalelab.serve.report import Analysis, PriceSource, analyze, explained_rows
+from scalelab.serve.openloop import knee_scores, knee_sentence, misses_md
+from scalelab.serve.report import (
+    Analysis, PriceSource, analyze, explained_rows, open_loop_misses, search_line, slo_cost_md,
+)
 from scalelab.serve.rows import Row, RowKey
 from scalelab.serve.sweepdata import SweepData, engine_versions, gpus_phrase, load_sweep, open_loop
+from scalelab.serve.table import LOAD_NOTE, MD_COLUMNS, header_line, markdown_row
 
 KNOWN_ENGINES = ("vllm", "sglang")
 
@@ -273,12 +277,47 @@ def _not_measured_md(analyses: Sequence[Analysis]) -> list[str]:
     return lines
 
 
+def open_loop_only(a: Analysis) -> bool:
+    """A sweep measured at request rates alone (a Poisson ladder, a swap at the knee, a rate search)."""
+    return bool(a.data.measured) and all(open_loop(r) for r in a.data.measured)
+
+
+OPEN_LOOP_WHY = ("Requests arrive at a rate (Poisson, or gamma gaps of a stated CV) whether or not earlier ones "
+                 "have finished, as users do; the knee is the lowest rate whose goodput share falls below the "
+                 "SLO's attainment, and the rate search bisects for the highest rate that meets it.")
+
+
+def _open_loop_docs_md(analyses: Sequence[Analysis]) -> list[str]:
+    """The open-loop sweeps on one page: their rows in one table, the knees scored, the searches, the misses by
+    reason and the price at the highest rate meeting the SLO (each folder's REPORT.md has the per-rate detail)."""
+    if not analyses:
+        return []
+    name = {id(a): f"{a.data.run_dir.parent.name}/{a.data.run_dir.name}" for a in analyses}
+    lines = ["## Open loop: arrivals at a rate, the knee and the rate search", "", OPEN_LOOP_WHY, ""]
+    lines += [f"- `{name[id(a)]}`: {a.settings.model_name} on `{a.settings.hardware}` ({gpus_phrase(a.data.provenance)})"
+              for a in analyses] + ["", "| Run | " + header_line()[2:], "|---|" + "---|" * len(MD_COLUMNS)]
+    lines += [markdown_row(r, f"`{name[id(a)]}`") for a in analyses for r in a.data.measured] + ["", LOAD_NOTE, ""]
+    knees = [f"- `{name[id(a)]}`: {knee_sentence(k, a.settings.slo.attainment)}"
+             for a in analyses for k in knee_scores(a.open_points, a.settings.slo.attainment)]
+    searches = [f"- `{name[id(a)]}`: {line}" for a in analyses if (line := search_line(a))]
+    lines += ["### The knee, predicted before the run", "", *knees, ""] if knees else []
+    lines += ["### The rate searches", "", *searches, ""] if searches else []
+    misses = [(name[id(a)], m) for a in analyses for m in open_loop_misses(a)]
+    slo = analyses[0].settings.slo
+    lines += misses_md([m for _, m in misses], slo.ttft_s, slo.itl_s, [n for n, _ in misses])
+    costs = [f"- `{name[id(a)]}`: {line}" for a in analyses for line in slo_cost_md(a.data.measured, a.settings)
+             if line]
+    return lines + (["### The price at the SLO", "", *costs, ""] if costs else [])
+
+
 def regenerate_command(run_dirs: Sequence[str | Path], out: str | Path) -> str:
     return "scalelab serve docs " + " ".join(shlex.quote(str(d)) for d in run_dirs) + f" --out {shlex.quote(str(out))}"
 
 
 def docs_markdown(analyses: Sequence[Analysis], command: str = "") -> str:
     n_ok = sum(r.status == "ok" for a in analyses for r in a.data.measured)
+    opened = [a for a in analyses if open_loop_only(a)]
+    analyses = [a for a in analyses if not open_loop_only(a)]
     tp, slo = _explain_md(analyses)
     how = f"Regenerate with `{command}`" if command else "Regenerate it"
     lines = ["# Serving: the scaling table, predicted then measured", "",
@@ -291,7 +330,7 @@ def docs_markdown(analyses: Sequence[Analysis], command: str = "") -> str:
              "the sweep's closed-loop protocol) predicts every row; the sweep then measures them. These folders "
              f"hold {n_ok} measured rows.", ""]
     lines += _where_md(analyses) + _predicted_md(analyses) + tp + slo + _cost_md(analyses)
-    lines += _misses_md(analyses) + _not_measured_md(analyses)
+    lines += _open_loop_docs_md(opened) + _misses_md(analyses) + _not_measured_md(analyses)
     return "\n".join(lines)
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from scalelab.core.jsonio import find_stored, iter_jsonl
+from scalelab.core.jsonio import find_stored, is_stored, iter_jsonl, read_json
 from scalelab.serve.compare import WITHIN
-from scalelab.serve.metrics import judged_gap_s
+from scalelab.serve.metrics import Probe, RateSearch, judged_gap_s
 from scalelab.serve.rows import Row, RowFigures
 from scalelab.serve.table import arrival_cv, offered, rate_rps
 
@@ -206,15 +206,41 @@ def row_misses(run_dir: Path, row: Row, ttft_s: float, itl_s: float, quantile: f
     return Misses(offered(row), rate_rps(row), n, t_only, g_only, both, failed)
 
 
-def misses_md(misses: Sequence[Misses], ttft_s: float, itl_s: float) -> list[str]:
+def misses_md(misses: Sequence[Misses], ttft_s: float, itl_s: float, runs: Sequence[str] = ()) -> list[str]:
+    """The table of misses by reason; with `runs` (one name per entry) a first column names each row's run."""
     if not misses:
         return []
+    run_col = ("| Run ", "|---") if runs else ("", "")
     lines = ["### Which part of the SLO the missing requests miss", "",
              f"Per measured request (warm-up excluded): TTFT over {ttft_s:g} s, the judged inter-token gap over "
              f"{itl_s * 1e3:g} ms (a request's p99 gap; its longest when it has <= 100 gaps), both, or failed.", "",
-             "| Load | Requests | TTFT only | gap only | both | failed |", "|---|---|---|---|---|---|"]
-    for m in misses:
+             f"{run_col[0]}| Load | Requests | TTFT only | gap only | both | failed |",
+             f"{run_col[1]}|---|---|---|---|---|---|"]
+    for i, m in enumerate(misses):
         cells = [f"{k} ({k / m.requests:.0%})" if m.requests else "0" for k in (m.ttft_only, m.gap_only, m.both,
                                                                                m.failed)]
-        lines.append(f"| {m.load} | {m.requests} | " + " | ".join(cells) + " |")
+        lead = f"| `{runs[i]}` " if runs else ""
+        lines.append(f"{lead}| {m.load} | {m.requests} | " + " | ".join(cells) + " |")
     return lines + [""]
+
+
+# ---------------------------------------------------------------------------------------------
+# the rate search
+
+
+def read_search(run_dir: Path) -> RateSearch | None:
+    """A search folder's search.json as a RateSearch; None when the folder has none."""
+    if not is_stored(run_dir / "search.json"):
+        return None
+    d = read_json(run_dir / "search.json")
+    probes = tuple(Probe(float(p["rate_rps"]), tuple(float(x) for x in p["shares"]), bool(p["meets"]))
+                   for p in d["probes"])
+    return RateSearch(float(d["rate_rps"]), float(d["share_at_rate"]), probes, d.get("rule", "median"))
+
+
+def search_sentence(s: RateSearch) -> str:
+    """The search's answer and every probe, as `scalelab serve search` prints them."""
+    probes = ", ".join(f"{p.rate_rps:.3g}/s -> {'/'.join(f'{x:.0%}' for x in p.shares)}"
+                       f" ({'meets' if p.meets else 'misses'})" for p in s.probes)
+    return (f"highest rate meeting the SLO: {s.rate_rps:.3g} req/s ({s.rule} share {s.share_at_rate:.0%})\n"
+            f"probes (each repeat's goodput share): {probes}")

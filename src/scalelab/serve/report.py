@@ -19,7 +19,10 @@ from scalelab.serve.compare import (
     cost_table, coverage_sentence, ratio_summary, render_table, score_sentence,
 )
 from scalelab.serve.explain import explain_scaling
-from scalelab.serve.openloop import RatePoint, misses_md, open_loop_md, poisson_ladders, rate_points, row_misses
+from scalelab.serve.openloop import (
+    Misses, RatePoint, misses_md, open_loop_md, poisson_ladders, rate_points, read_search, row_misses,
+    search_sentence,
+)
 from scalelab.serve.plots import plot_open_loop, plot_predicted_vs_measured
 from scalelab.serve.prices import PriceTable
 from scalelab.serve.refit import (
@@ -158,11 +161,23 @@ def _tp_check_md(a: Analysis) -> list[str]:
             "other constants are the priors.", "", score_sentence(cs, "held-out"), "", ratio_summary(cs), ""]
 
 
-def _open_loop_md(a: Analysis) -> list[str]:
+def open_loop_misses(a: Analysis) -> list[Misses]:
+    """Each measured open-loop row's requests by the part of the SLO they miss, in rate order."""
     slo = a.settings.slo
     rows = sorted((r for r in a.data.measured if r.status == "ok" and rate_rps(r) is not None), key=rate_rps)
-    misses = [m for r in rows if (m := row_misses(a.data.run_dir, r, slo.ttft_s, slo.itl_s, slo.itl_quantile))]
-    return open_loop_md(a.open_points, slo.attainment) + misses_md(misses, slo.ttft_s, slo.itl_s)
+    return [m for r in rows if (m := row_misses(a.data.run_dir, r, slo.ttft_s, slo.itl_s, slo.itl_quantile))]
+
+
+def search_line(a: Analysis) -> str | None:
+    """The rate search's answer and probes on one line; None when the folder holds no search."""
+    search = read_search(a.data.run_dir)
+    return search_sentence(search).replace("\n", "; ") if search else None
+
+
+def _open_loop_md(a: Analysis) -> list[str]:
+    slo, found = a.settings.slo, search_line(a)
+    return (["### The rate search", "", found, ""] if found else []) + open_loop_md(a.open_points, slo.attainment) \
+        + misses_md(open_loop_misses(a), slo.ttft_s, slo.itl_s)
 
 
 OPEN_LOOP_FIGURE = "figures/open_loop_predicted_vs_measured.png"

@@ -139,20 +139,28 @@ def header_line() -> str:
     return "| " + " | ".join(MD_COLUMNS) + " |"
 
 
+LOAD_NOTE = ("Load: a closed loop of c requests in flight, or an open loop offered λ requests/s (Poisson, or "
+             "gamma-distributed gaps of the CV shown); after the arrow, the completed requests/s achieved. "
+             "Throughput: output tokens/s of one instance, mean ± std over repeats; latencies: mean over "
+             "repeats of each repeat's percentile; goodput: share of requests meeting the SLO.")
+
+
+def markdown_row(row: Row, *lead: str) -> str:
+    """One row of the Markdown table, after `lead` cells (a docs page's run column)."""
+    return "| " + " | ".join([*lead, label(row), load_cell(row), *_cells(row)]) + " |"
+
+
 def render_markdown(rows: Sequence[Row], head: TableHeader) -> str:
     lines = [f"Hardware: {head.hardware_name} (`{head.hardware_key}`) · model: {head.model} · "
              f"SLO: TTFT ≤ {head.slo_ttft_s * 1000:g} ms, ITL p99 ≤ {head.slo_itl_s * 1000:g} ms per request",
              "", header_line(), "|" + "---|" * len(MD_COLUMNS)]
     notes = []
     for row in rows:
-        lines.append("| " + " | ".join([label(row), load_cell(row), *_cells(row)]) + " |")
+        lines.append(markdown_row(row))
         if row.note:  # why N/A, the error, or the requests that failed in a measured row
             what = {"wont_fit": "N/A", "failed": "failed"}.get(row.status, "note")
             notes.append(f"- {label(row)} — {what}: {row.note.splitlines()[0]}")
-    lines += ["", "Load: a closed loop of c requests in flight, or an open loop offered λ requests/s (Poisson, or "
-              "gamma-distributed gaps of the CV shown); after the arrow, the completed requests/s achieved. "
-              "Throughput: output tokens/s of one instance, mean ± std over repeats; latencies: mean over "
-              "repeats of each repeat's percentile; goodput: share of requests meeting the SLO."]
+    lines += ["", LOAD_NOTE]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
