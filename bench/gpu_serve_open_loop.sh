@@ -4,6 +4,8 @@
 # at it by engine.url:
 #   7b-*   configs/serve/h200-7b-open-loop.toml     Qwen2.5-7B shape, dummy weights, ignore_eos
 #   05b-*  configs/serve/h200-qwen05-open-loop.toml the real Qwen2.5-Coder-0.5B-Instruct, EOS honoured (chat)
+#   7bsg-*, 05bsg-*  the same with SGLang (configs/serve/h200-*-open-loop-sglang.toml), from the SGLang bundle
+#          (bench/sglang_bundle.sh) unpacked into $SGLANG_SITE by `setup CHUNK_DIR SGLANG_PARTS_DIR`
 # Parts, each its own run folder under $RUNS (predictions.json, with the ladder's knee, written and its sha256 logged
 # before the first request; per-request JSONL; rows; provenance; server.json with the engine's exact command):
 #   *-ladder  the Poisson ladder of the config (6 rates x 3 repeats)
@@ -16,7 +18,8 @@
 #   bash bench/gpu_serve_open_loop.sh prep [CHUNK_DIR]   HERE: the ShareGPT head, the GGUF and two wheels as one
 #                                                        chunk set (bench/TRANSFER.md), default /tmp/serve-chunks
 #   bash bench/gpu_serve_open_loop.sh bundle             unpack the vLLM bundle (carry .gpu-bundle)
-#   bash bench/gpu_serve_open_loop.sh setup CHUNK_DIR    join the chunk set, install, dequantize the 0.5B
+#   bash bench/gpu_serve_open_loop.sh setup CHUNK_DIR [SGLANG_DIR]   join the chunk set, install, dequantize the
+#                                                        0.5B; with SGLANG_DIR, unpack and probe the SGLang bundle
 #   bash bench/gpu_serve_open_loop.sh restore TGZ        unpack an earlier serve.tgz into $RUNS (resume elsewhere)
 #   bash bench/gpu_serve_open_loop.sh launch             start `work` in a session of its own (it outlives the call)
 #   bash bench/gpu_serve_open_loop.sh poll SECONDS       wait up to SECONDS (or until work ends), pack $OUT/serve.tgz
@@ -47,9 +50,12 @@ PY=${PY:-python3}; DRY_RUN=${DRY_RUN:-0}; GAMMA_CV=${GAMMA_CV:-1.414213562373095
 # the crosscheck's load: 26 req/s meets the SLO on the H100 (results/h100/serve/open-loop-1), 20 s of arrivals
 XC_RATE=${XC_RATE:-26}; XC_PROMPTS=${XC_PROMPTS:-520}; XC_REPEATS=${XC_REPEATS:-3}
 MODEL_7B=${MODEL_7B:-/tmp/models/qwen2.5-7b}
-# The issue's order: (a) the 7B ladder, (b) the 0.5B ladder, (c) the swaps at each knee (while that engine is up),
-# then the searches; the 7B engine starts a second time for its search (~2 min) so that (b) comes sooner.
-PARTS=${PARTS:-"7b-ladder 7b-gamma 7b-eos 05b-ladder 05b-gamma 05b-eos 05b-search 7b-search"}
+# Each engine's parts while it is up: (a) the 7B ladder, the harness check against vllm bench serve, the gamma
+# swap and the search; (b) the 0.5B ladder, its swaps and search; (d) SGLang's ladders. The 7B EOS swap comes
+# last: random weights never emit EOS, so it repeats the knee row (results/h100/serve/open-loop-1).
+PARTS=${PARTS:-"7b-ladder 7b-crosscheck 7b-gamma 7b-search 05b-ladder 05b-gamma 05b-eos 05b-search 05bsg-ladder
+  7b-eos 7bsg-ladder"}
+SGLANG_SITE=${SGLANG_SITE:-/tmp/sglang-site}
 NAME=qwen2.5-coder-0.5b-instruct-q4km
 GGUF_REL=gguf/$NAME/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 HEAD=$DATA/sharegpt_head.json
@@ -66,8 +72,14 @@ run() {  # a command, or under DRY_RUN=1 its line
   if [ "$DRY_RUN" = 1 ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi
 }
 config_of() { case $1 in 7b) echo configs/serve/h200-7b-open-loop.toml ;; 05b) echo configs/serve/h200-qwen05-open-loop.toml ;;
+              7bsg) echo configs/serve/h200-7b-open-loop-sglang.toml ;;
+              05bsg) echo configs/serve/h200-qwen05-open-loop-sglang.toml ;;
               *) echo "unknown model $1" >&2; return 1 ;; esac; }
-model_set() { [ "$1" = 7b ] && echo --set "model.path=\"$MODEL_7B\""; return 0; }
+model_set() {  # the 7B's dummy folder; SGLang's site first on its server's PYTHONPATH (its transformers pin)
+  case $1 in 7b*) echo --set "model.path=\"$MODEL_7B\"" ;; esac
+  case $1 in *sg) echo --set "engine.env.PYTHONPATH=\"$SGLANG_SITE/site:/tmp/vllm-site/site\"" ;; esac
+  return 0
+}
 gpu_table_key() {  # the hardware table key of this machine's GPU (predictions and costs), else the config's
   local name
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
@@ -134,7 +146,7 @@ part() {  # $1 = <model>-<what>
     gamma) k=$(knee_of "$model") || return 1
            sweep "$model" "$model-gamma" --set "sweep.rates=[$k]" --set "sweep.arrival_cv=$GAMMA_CV" ;;
     eos) k=$(knee_of "$model") || return 1
-         local swapped=false; [ "$model" = 05b ] && swapped=true
+         local swapped=false; case $model in 05b*) swapped=true ;; esac
          sweep "$model" "$model-eos" --set "sweep.rates=[$k]" --set "workload.ignore_eos=$swapped" ;;
     crosscheck) mkdir -p "$RUNS/$model-crosscheck"
                 run "$PY" bench/vllm_bench_crosscheck.py --url "http://127.0.0.1:$PORT" --model "$MODEL_7B" \
@@ -181,7 +193,7 @@ prep() {  # here: one chunk set holding the ShareGPT head, the GGUF and the whee
   "$py" -m pip download -q --no-deps --only-binary=:all: -d "$src/whl" $WHEELS || return 1
   PYTHONPATH=src "$py" -m scalelab.core.chunks split "$src" "$chunks"
 }
-setup() {  # $1 = the folder holding the chunk set's manifest and chunks
+setup() {  # $1 = the folder holding the chunk set's manifest and chunks; $2 = the SGLang bundle's parts (optional)
   local t0=$SECONDS
   run "$PY" -m scalelab.core.chunks join /tmp/serve-carry "$1" || return 1
   run "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/serve-carry/whl/*.whl || return 1
@@ -191,6 +203,13 @@ setup() {  # $1 = the folder holding the chunk set's manifest and chunks
   run "$PY" -m scalelab.cli models path "$NAME" || return 1   # checks the GGUF's sha256, dequantizes once
   echo "setup: ready after $((SECONDS - t0)) s"
   run "$PY" -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__, torch.cuda.get_device_name())"
+  [ -n "${2:-}" ] && setup_sglang "$2"
+  return 0
+}
+setup_sglang() {  # $1 = the SGLang bundle's parts: unpack, then list what its server's imports still lack
+  run cp bench/sglang_bundle.sh bench/import_probe.py "$1/" || return 1
+  run env DEST="$SGLANG_SITE" bash "$1/sglang_bundle.sh" unpack "$1" || { echo "SGLang bundle: unpack failed"; return 1; }
+  run env DEST="$SGLANG_SITE" bash "$1/sglang_bundle.sh" probe "$RUNS/sglang-probe.json" 2>&1 | tail -15
 }
 pack() {  # every run folder without engine caches or model weights, one tgz (a call brings back few files)
   mkdir -p "$OUT"
@@ -218,7 +237,7 @@ poll() {  # $1 = seconds to wait at most
 case "${1:-}" in
   prep) prep "${2:-}" ;;
   bundle) run bash .gpu-bundle/unpack.sh | tail -1 ;;
-  setup) setup "${2:?usage: bash bench/gpu_serve_open_loop.sh setup CHUNK_DIR}" ;;
+  setup) setup "${2:?usage: bash bench/gpu_serve_open_loop.sh setup CHUNK_DIR [SGLANG_DIR]}" "${3:-}" ;;
   restore) run tar -C "$RUNS" -xzf "${2:?usage: bash bench/gpu_serve_open_loop.sh restore TGZ}" && rm -f "$RUNS/work.done" ;;
   launch) rm -f "$RUNS/work.done"; echo "${SCALELAB_GIT_SHA:-unknown}" > "$RUNS/git_sha"; cd "$(bash bench/snapshot.sh "${TREE:-/tmp/tree-serve}")" || exit 1
           setsid nohup bash "$0" work > "$RUNS/work.log" 2>&1 < /dev/null &

@@ -92,7 +92,7 @@ def _server(args: argparse.Namespace) -> int:
     command = build_command(spec)
     record = {"command": command, "env": dict(spec.env), "engine": engine, "tp": tp, "model": setup.model_path,
               "config": str(args.config), "overrides": list(args.set), "url": spec.url,
-              "engine_version": engine_version(spec.python, engine), "git_sha": git_sha()}
+              "engine_version": engine_version(spec.python, engine, spec.env), "git_sha": git_sha()}
     write_json(folder / "server.json", record)
     print(" ".join(command), flush=True)
     if args.dry_run:

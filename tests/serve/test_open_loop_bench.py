@@ -19,21 +19,38 @@ from tests.bench_script import load_bench
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_serve_open_loop.sh"
-H200_CONFIGS = ("h200-7b-open-loop.toml", "h200-qwen05-open-loop.toml")
+H200_CONFIGS = ("h200-7b-open-loop.toml", "h200-qwen05-open-loop.toml", "h200-7b-open-loop-sglang.toml",
+                "h200-qwen05-open-loop-sglang.toml")
 HEAD_REQUESTS = 2141  # first exchanges of the packaged ShareGPT file passing 100-2,000 / 100-500 tokens (prep)
 
 
 @pytest.mark.parametrize("name", H200_CONFIGS)
 def test_the_h200_open_loop_configs_load_and_their_pools_fit_the_carried_head(name):
     cfg = load_serve_config(REPO / "configs" / "serve" / name)
+    sglang = name.endswith("-sglang.toml")
     assert cfg.sweep.mode == "rate" and len(cfg.sweep.rates) >= 6 and cfg.sweep.repeats >= 3
-    assert cfg.sweep.gamma_shape == 1.0 and cfg.search.repeats == 2 and cfg.engine.gpu_memory_utilization == 0.9
+    assert cfg.sweep.gamma_shape == 1.0 and cfg.search.repeats == 2
+    assert cfg.engine.names == (["sglang"] if sglang else ["vllm"])
+    assert cfg.engine.gpu_memory_utilization == (0.85 if sglang else 0.9)
+    # no prefix cache on either engine: a cycled pool repeats prompts, which a cache would answer for free
+    assert cfg.engine.extra_flags.get("disable-radix-cache" if sglang else "no-enable-prefix-caching") is True
     assert is_stored(REPO / cfg.model.calibration)
     # the ladder, and the search at its top bracket, draw at most the head's requests (sample_pool would refuse)
-    assert pool_size(cfg, plan_points(cfg), cfg.sweep.repeats) <= HEAD_REQUESTS
+    # unless the pool cycles
+    assert cfg.workload.cycle or pool_size(cfg, plan_points(cfg), cfg.sweep.repeats) <= HEAD_REQUESTS
     top = Point(RowKey("vllm", 1, 0), cfg.search.hi_rps, 1.0)
-    assert pool_size(cfg, [top], cfg.search.repeats) <= HEAD_REQUESTS
-    assert cfg.workload.ignore_eos is (name == "h200-7b-open-loop.toml")  # dummy weights ignore EOS, real honour it
+    assert cfg.workload.cycle or pool_size(cfg, [top], cfg.search.repeats) <= HEAD_REQUESTS
+    assert cfg.workload.ignore_eos is name.startswith("h200-7b-")  # dummy weights ignore EOS, real honour it
+
+
+def test_each_sglang_config_is_its_vllm_config_but_the_engine():
+    for base in ("h200-7b-open-loop", "h200-qwen05-open-loop"):
+        v, g = (load_serve_config(REPO / "configs" / "serve" / f"{base}{x}.toml") for x in ("", "-sglang"))
+        for section in ("model", "sweep", "workload", "slo", "search", "cost"):
+            assert getattr(v, section) == getattr(g, section), (base, section)
+        assert v.engine.api == g.engine.api and v.engine.max_model_len == g.engine.max_model_len
+        assert v.engine.load_format_dummy == g.engine.load_format_dummy
+        assert v.engine.extra_flags["max-num-seqs"] == g.engine.extra_flags["max-running-requests"]
 
 
 def ladder_folder(path: Path, shares: dict[float, float], attainment: float = 0.9) -> Path:

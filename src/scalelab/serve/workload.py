@@ -8,7 +8,7 @@ Closed-loop load (a fixed number of requests in flight) needs no schedule: the c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
@@ -94,9 +94,12 @@ def sharegpt_records(source: str = "") -> Iterator[Any]:
 
 
 def sample_sharegpt(n: int, seed: int, source: str = "", tokenizer: Tokenizer | None = None,
-                    lengths: LengthFilter = LengthFilter(), scan_limit: int = 0) -> list[Request]:
+                    lengths: LengthFilter = LengthFilter(), scan_limit: int = 0, cycle: bool = False) -> list[Request]:
     """`n` requests whose token lengths pass `lengths`, in a seeded random order of the first `scan_limit`
-    conversations (0 = all). Same (source, seed, scan_limit, tokenizer) -> same requests."""
+    conversations (0 = all). Same (source, seed, scan_limit, tokenizer) -> same requests. With `cycle`, when
+    fewer than `n` pass, the passing ones repeat in the same order (request ids stay distinct): an open loop
+    at a high rate over a long window needs more requests than a small file holds, and a repeated prompt costs
+    the engine the same as a new one while its prefix cache is off."""
     tokenizer = tokenizer or default_tokenizer()
     pairs = []
     for record in sharegpt_records(source):
@@ -113,8 +116,10 @@ def sample_sharegpt(n: int, seed: int, source: str = "", tokenizer: Tokenizer | 
             out.append(Request(len(out), prompt, p, o))
             if len(out) == n:
                 return out
+    if cycle and out:
+        return [replace(out[k % len(out)], request_id=k) for k in range(n)]
     raise SourceError(f"ShareGPT {source or 'packaged file'}: only {len(out)} of {len(pairs)} conversations pass "
-                      f"{lengths}; asked for {n} (raise scan_limit or widen the filter)")
+                      f"{lengths}; asked for {n} (raise scan_limit, widen the filter, or let the pool cycle)")
 
 
 # ---------------------------------------------------------------------------------------------
