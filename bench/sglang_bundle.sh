@@ -22,7 +22,16 @@ DEPS="apache-tvm-ffi==0.1.11 xgrammar==0.2.1 torch_memory_saver==0.0.10 torchao=
   uvloop==0.23.0 interegular==0.3.3 einops==0.8.2 xxhash==4.1.0 zstandard==0.25.0 sentencepiece==0.2.3
   nvidia-ml-py==13.615.71 cuda-python==13.4.4 cuda-bindings==13.4.4 cuda-core==1.2.0 cuda-pathfinder==1.9.1
   compressed-tensors==0.20.1
-  loguru==0.7.3 psutil==7.2.2 ninja==1.13.0 click==8.3.1 tabulate==0.9.0"
+  loguru==0.7.3 psutil==7.2.2 ninja==1.13.0 click==8.3.1 tabulate==0.9.0
+  dill==0.4.0 gguf==0.19.0 tokenizers==0.22.1
+  jsonschema==4.25.1 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.28.0 attrs==25.4.0
+  soundfile==0.13.1 cffi==2.0.0 pycparser==2.23
+  ipython==9.6.0 ipython_pygments_lexers==1.1.1 decorator==5.3.2 jedi==0.20.1 parso==0.8.7 matplotlib_inline==0.2.2
+  pexpect==4.9.0 ptyprocess==0.7.0 prompt_toolkit==3.0.53 wcwidth==0.9.5 pygments==2.21.0 stack_data==0.6.3
+  asttokens==3.0.2 executing==2.3.0 pure_eval==0.2.4 traitlets==5.16.1"
+# Found missing on the H100 image (2026-12-06), one real import at a time: IPython (sglang.utils), dill (custom
+# logit processors), gguf, jsonschema, soundfile; and transformers 5.12.1 refuses the image's tokenizers 0.23.2
+# (it wants <= 0.23.0), so the bundle carries tokenizers 0.22.1 ahead of it.
 PRUNE=${PRUNE:-../shared/gpu/vllm-bundle/prune_fatbin.py}
 DEST=${DEST:-/tmp/sglang-site}
 
