@@ -1,78 +1,106 @@
 #!/usr/bin/env python
-"""Every module an import chain needs that this interpreter lacks, found in one run.
+"""Every module an import chain needs that this interpreter lacks, and the first error that is not a missing
+module, found in one call.
 
     python bench/import_probe.py sglang.srt.entrypoints.http_server sgl_kernel --out missing.json
 
 A plain import stops at the first ModuleNotFoundError, so on a machine reached one call at a time a bundle would
-need one call per missing package. Here a meta-path finder placed last answers every module no other finder
-can load with an empty stand-in module (whose attributes are stand-ins too), records its name, and the import
-goes on. The stand-ins make later failures likely (a stand-in class cannot be subclassed as the real one, a
-version check reads nonsense), so the result is a list to act on, not proof of a working import: after adding
-what it names, the real import is run again without the probe.
+need one call per missing package. Here the import runs in rounds, each in a fresh interpreter: a round that
+fails on a missing module adds that module's top-level package to the stand-ins of the next round, until the
+targets import or a round fails otherwise (a version check, a C extension that will not load: the things a
+stand-in cannot paper over, reported as `error`). Only modules whose absence raised are stood in for, so an
+optional import guarded by `try/except ImportError` is not reported. A stand-in module answers every attribute
+with a class under a permissive metaclass, so it can be subclassed, subscripted (`X[int]`), called, and used as
+a decorator. The result is a list to act on, not proof of a working import: after adding what it names, the
+real import is run again without the probe.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.abc
-import importlib.machinery
 import json
+import subprocess
 import sys
-import traceback
-import types
 from pathlib import Path
 
+MAX_ROUNDS = 60
+TAIL_LINES = 15
 
-class _Anything(types.ModuleType):
-    """A module whose every attribute is another stand-in, so `from x import y` and `x.y.z` both succeed."""
+# Runs inside each round's interpreter: argv = [stand-in top-level names as JSON, target, ...]; prints one JSON
+# line: {"ok": true} or {"missing": name} or {"error": traceback tail}.
+ROUND = r'''
+import importlib, importlib.abc, importlib.machinery, json, sys, traceback, types
+STAND_INS = set(json.loads(sys.argv[1]))
 
-    def __getattr__(self, name: str):
-        if name.startswith("__") and name.endswith("__"):
+class Permissive(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
             raise AttributeError(name)
-        child = _Anything(f"{self.__name__}.{name}")
-        setattr(self, name, child)
-        return child
+        return Permissive(name, (object,), {})
+    def __getitem__(cls, key):
+        return cls
+    def __or__(cls, other):
+        return cls
+    __ror__ = __or__
+    def __call__(cls, *args, **kwargs):
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return args[0]  # used as a decorator: the function stays itself
+        return type.__call__(cls)
 
-    def __call__(self, *args, **kwargs):
-        return _Anything(f"{self.__name__}()")
+class StandIn(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Permissive(name, (object,), {})
 
-
-class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Last on sys.meta_path: reached only for modules no real finder has."""
-
-    def __init__(self) -> None:
-        self.missing: list[str] = []
-
+class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path, target=None):
-        top = fullname.split(".")[0]
-        if top not in {m.split(".")[0] for m in self.missing}:
-            self.missing.append(fullname)
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-
+        if fullname.split(".")[0] in STAND_INS:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
     def create_module(self, spec):
-        module = _Anything(spec.name)
-        module.__path__ = []  # a package, so its submodules are looked up (and stood in for) too
+        module = StandIn(spec.name)
+        module.__path__ = []
         return module
-
-    def exec_module(self, module) -> None:
+    def exec_module(self, module):
         return None
 
+sys.meta_path.insert(0, Finder())
+try:
+    for target in sys.argv[2:]:
+        importlib.import_module(target)
+except ModuleNotFoundError as e:
+    print(json.dumps({"missing": e.name or str(e), "error": traceback.format_exc()}))
+except BaseException:
+    print(json.dumps({"error": traceback.format_exc()}))
+else:
+    print(json.dumps({"ok": True}))
+'''
 
-def probe(targets: list[str]) -> dict:
-    """Import each target with the stand-in finder installed; the missing top-level modules (first name that
-    asked for each), and each target's error if it still failed."""
-    finder = StandInFinder()
-    sys.meta_path.append(finder)
-    errors = {}
-    try:
-        for name in targets:
-            try:
-                importlib.import_module(name)
-            except Exception as e:  # the stand-ins can break later code: record it and go on to the next target
-                errors[name] = "".join(traceback.format_exception_only(type(e), e)).strip()
-    finally:
-        sys.meta_path.remove(finder)
-    return {"targets": targets, "missing": finder.missing, "errors": errors}
+
+def run_round(targets: list[str], stand_ins: list[str], python: str) -> dict:
+    out = subprocess.run([python, "-c", ROUND, json.dumps(stand_ins), *targets], capture_output=True, text=True)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if not lines:  # the interpreter died before reporting (a crash in a C extension)
+        return {"error": f"exit {out.returncode}: " + "\n".join(out.stderr.splitlines()[-TAIL_LINES:])}
+    return json.loads(lines[-1])
+
+
+def probe(targets: list[str], python: str = sys.executable, max_rounds: int = MAX_ROUNDS) -> dict:
+    """{"targets", "missing": top-level names in the order the chain asked for them, "error": the first other
+    failure's traceback tail (None when the targets imported), "rounds"}."""
+    missing: list[str] = []
+    error = "round limit reached"
+    for rounds in range(1, max_rounds + 1):
+        r = run_round(targets, missing, python)
+        if r.get("ok"):
+            error = None
+            break
+        top = (r.get("missing") or "").split(".")[0]
+        if top and top not in missing:
+            missing.append(top)
+            continue
+        error = "\n".join(r["error"].splitlines()[-TAIL_LINES:])
+        break
+    return {"targets": targets, "missing": missing, "error": error, "rounds": rounds}
 
 
 def main() -> None:
