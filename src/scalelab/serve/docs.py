@@ -8,12 +8,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from scalelab.core.sections import ManifestError, read_manifest, write_doc
+from scalelab.core.sections import Manifest, ManifestError, read_manifest, write_doc
 from scalelab.serve.calibrate import RowWorkload
 from scalelab.serve.compare import (
     COLUMNS, Comparison, api_source_sentence, comparisons, cost_sentence, figure_score, fmt, score,
 )
 from scalelab.serve.config import SweepSection
+from scalelab.serve.docs_page import assemble
 from scalelab.serve.explain import (
     TP_LADDER, slo_explanation, tp_ratio_sentences, tp_scaling_explanation, wont_fit_sentences,
 )
@@ -314,34 +315,49 @@ def regenerate_command(run_dirs: Sequence[str | Path], out: str | Path) -> str:
     return "scalelab serve docs " + " ".join(shlex.quote(str(d)) for d in run_dirs) + f" --out {shlex.quote(str(out))}"
 
 
-def docs_markdown(analyses: Sequence[Analysis], command: str = "") -> str:
+def docs_sections(analyses: Sequence[Analysis], command: str = "") -> dict[str, list[str]]:
+    """The page's generated sections by name, in their default order (SECTION_NAMES); a manifest's [[page]] may
+    place them among written prose instead (serve.docs_page)."""
     n_ok = sum(r.status == "ok" for a in analyses for r in a.data.measured)
     opened = [a for a in analyses if open_loop_only(a)]
     analyses = [a for a in analyses if not open_loop_only(a)]
     tp, slo = _explain_md(analyses)
     how = f"Regenerate with `{command}`" if command else "Regenerate it"
-    lines = ["# Serving: the scaling table, predicted then measured", "",
+    title = ["# Serving: the scaling table, predicted then measured", "",
              f"_{how} (scalelab.serve.docs, from the sweep folders' files and the pinned API price table alone); "
              "edit the code, not "
-             "this file._", "",
-             "Before a sweep starts, an analytic model (serve/stepmodel.py: the roofline step time of Pope et al. "
-             "2022, two all-reduces per layer after Shoeybi et al. 2019, a fixed per-step overhead; serve/simulate.py: "
-             "continuous batching with chunked prefill after Kwon et al. 2023 and Agrawal et al. 2024, run through "
-             "the sweep's closed-loop protocol) predicts every row; the sweep then measures them. These folders "
-             f"hold {n_ok} measured rows.", ""]
-    lines += _where_md(analyses) + _predicted_md(analyses) + tp + slo + _cost_md(analyses)
-    lines += _open_loop_docs_md(opened) + _misses_md(analyses) + _not_measured_md(analyses)
-    return "\n".join(lines)
+             "this file._", ""]
+    method = ["Before a sweep starts, an analytic model (serve/stepmodel.py: the roofline step time of Pope et al. "
+              "2022, two all-reduces per layer after Shoeybi et al. 2019, a fixed per-step overhead; serve/simulate.py: "
+              "continuous batching with chunked prefill after Kwon et al. 2023 and Agrawal et al. 2024, run through "
+              "the sweep's closed-loop protocol) predicts every row; the sweep then measures them. These folders "
+              f"hold {n_ok} measured rows.", ""]
+    parts = (title, method, _where_md(analyses), _predicted_md(analyses), tp, slo, _cost_md(analyses),
+             _open_loop_docs_md(opened), _misses_md(analyses), _not_measured_md(analyses))
+    return dict(zip(SECTION_NAMES, parts))
+
+
+SECTION_NAMES = ("title", "method", "where", "predicted", "tp", "slo", "cost", "open-loop", "misses", "not-measured")
+
+
+def docs_markdown(analyses: Sequence[Analysis], command: str = "") -> str:
+    return docs_markdown_of(docs_sections(analyses, command))
 
 
 def render_docs(run_dirs: Sequence[str | Path], out: str | Path,
-                price_table: PriceSource = None, command: str | None = None) -> Path:
-    """docs/serve.md (or `out`) from the sweep folders' files alone and the pinned API price table."""
+                price_table: PriceSource = None, command: str | None = None, manifest: Manifest | None = None) -> Path:
+    """docs/serve.md (or `out`) from the sweep folders' files alone and the pinned API price table; with a
+    manifest that has a [[page]], its written prose placed among the generated sections (serve.docs_page)."""
     if not run_dirs:
         raise ValueError("render_docs: no sweep folder given")
     analyses = [analyze(load_sweep(d), price_table) for d in run_dirs]
-    text = docs_markdown(analyses, command or regenerate_command(run_dirs, out))
+    sections = docs_sections(analyses, command or regenerate_command(run_dirs, out))
+    text = assemble(manifest, sections) if manifest is not None else docs_markdown_of(sections)
     return write_doc(text, Path(out))
+
+
+def docs_markdown_of(sections: Mapping[str, list[str]]) -> str:
+    return "\n".join(line for lines in sections.values() for line in lines)
 
 
 def docs(manifest: str | Path, out: Path | None = None, price_table: PriceSource = None) -> Path:
@@ -352,4 +368,4 @@ def docs(manifest: str | Path, out: Path | None = None, price_table: PriceSource
         if not m.path_of(run).is_dir():
             raise ManifestError(f"{m.path}: runs[{i}] = {run} is not a folder")
     shown = Path(manifest).as_posix()
-    return render_docs([m.path_of(r) for r in runs], out or m.out, price_table, f"scalelab serve docs {shown}")
+    return render_docs([m.path_of(r) for r in runs], out or m.out, price_table, f"scalelab serve docs {shown}", m)
