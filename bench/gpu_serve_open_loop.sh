@@ -42,7 +42,9 @@
 #      TREE (/tmp/tree-serve: the copy of the tree `launch` runs from, bench/snapshot.sh),
 #      MODEL_7B (/tmp/models/qwen2.5-7b: the 7B's dummy folder, made once, shared by the engine and the sweeps),
 #      PARTS (default below), GAMMA_CV (sqrt 2: the burstiness 0.5, gamma shape 1/CV^2),
-#      SCALELAB_GIT_SHA (the commit: the copied tree has no .git)
+#      SCALELAB_GIT_SHA (the commit: the copied tree has no .git),
+#      EXTRA_SETS (more `--set k=v` for every run folder, no spaces inside one, e.g. a shorter ladder when the
+#      session's device time is short: --set sweep.rates=[6.0,34.0,40.0,48.0])
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
        VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
@@ -89,7 +91,7 @@ gpu_table_key() {  # the hardware table key of this machine's GPU (predictions a
 HW=${HW:-$(gpu_table_key)}
 common() {  # the --set every run folder of model $1 gets
   echo --set "engine.url=\"http://127.0.0.1:$PORT\"" --set "workload.path=\"$HEAD\"" --set "run.out_dir=\"$RUNS\"" \
-    $(model_set "$1") ${HW:+--set "cost.hardware=\"$HW\""}
+    $(model_set "$1") ${HW:+--set "cost.hardware=\"$HW\""} ${EXTRA_SETS:-}
 }
 
 # ---------------------------------------------------------------------------------------------- the engine
