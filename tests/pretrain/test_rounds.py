@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from scalelab.core.jsonio import is_stored
 from scalelab.core.sections import read_manifest
 from scalelab.pretrain.docs import load_inputs, render
 from scalelab.pretrain.rounds import Round, Rounds, load_round
@@ -49,5 +50,5 @@ def test_round_names_and_count_come_from_the_manifest(tmp_path):
 
 def test_predict_reads_the_committed_calibration_and_ladder_from_their_run_folders():
     from scalelab.pretrain.predict import CALIBRATION_PATH, LADDER_PATH
-    assert CALIBRATION_PATH.parent.name == "predictor-calibration" and CALIBRATION_PATH.is_file()
+    assert CALIBRATION_PATH.parent.name == "predictor-calibration" and is_stored(CALIBRATION_PATH)
     assert LADDER_PATH.parent.name == "scaling-ladder" and LADDER_PATH.is_file()

@@ -234,10 +234,11 @@ def test_token_ratio_from_the_predictions_when_rows_did_not_count(tmp_path: Path
     assert "upper bounds, EOS honoured" in token_ratio(load_sweep(folder))[1]
 
 
-def _rate_row(rate: float, share: float, status: str) -> Row:
+def _rate_row(rate: float, share: float, status: str, engine: str = "vllm") -> Row:
     f = figures(1000 * rate, 50, 100 * rate / 10, 10, 20, share, 0.1 / rate)
-    return Row(RowKey("vllm", 1, 0), status, f, provenance={
-        "load": {"mode": "rate", "rate_rps": rate, "cv": 1.0}, "request_files": f"requests/vllm-tp1-r{rate:g}-*.jsonl"})
+    return Row(RowKey(engine, 1, 0), status, f, provenance={
+        "load": {"mode": "rate", "rate_rps": rate, "cv": 1.0},
+        "request_files": f"requests/{engine}-tp1-r{rate:g}-*.jsonl"})
 
 
 def test_open_loop_ladder_in_its_report_and_in_docs(hand_made: Path, tmp_path: Path):
@@ -264,3 +265,11 @@ def test_open_loop_ladder_in_its_report_and_in_docs(hand_made: Path, tmp_path: P
     assert "| `loop/ladder` | vllm TP=1 rate=30 req/s |" in text
     assert "| `loop/ladder` | Poisson λ=30 req/s | 3 | 1 (33%) |" in text
     assert "`ladder`:" not in text.split("## Open loop")[0]     # closed-loop sections name the closed sweep only
+
+
+def test_an_engine_measured_only_in_open_loop_is_not_called_unmeasured(hand_made: Path, tmp_path: Path):
+    rows = [_rate_row(r, 1.0, "ok", "sglang") for r in (10.0, 20.0)]
+    folder = write_folder(tmp_path / "loop" / "sg", rows, [_rate_row(r, 1.0, "predicted", "sglang") for r in (10.0, 20.0)])
+    text = render_docs([hand_made, folder], tmp_path / "serve.md", PRICES).read_text()
+    assert "- sglang: no closed-loop (batch) row; its open-loop rows are above." in text
+    assert "sglang: no measured row" not in text

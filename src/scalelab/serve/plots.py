@@ -33,11 +33,11 @@ def _load_label(r: Row) -> str:
     return f"b={r.key.batch}" if rate is None else f"{rate:g}/s"
 
 
-def _figure(width_in: float):
+def _figure(width_in: float, dpi: int = 120):
     # matplotlib's object API on the Agg canvas: no pyplot global state, no display needed
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(width_in, 4.2), dpi=120)
+    fig = Figure(figsize=(width_in, 4.2), dpi=dpi)
     FigureCanvasAgg(fig)
     return fig
 
@@ -157,7 +157,7 @@ def _diagonal(ax: Any, cs: Sequence[Comparison], log: bool) -> None:
 def plot_open_loop(ladders: dict[tuple[str, int], list[Any]], slo: Any, path: Path) -> Path:
     """Open-loop Poisson ladders against their predictions (serve.openloop.poisson_ladders): goodput share,
     p50/p99 TTFT and p50/p99 ITL against the offered rate; measured solid, predicted dashed, the SLO dotted."""
-    fig = _figure(13.0)
+    fig = _figure(13.0, dpi=100)  # three panels of a few lines each: 1,300 px wide is legible, and a third smaller
     panels = (("goodput share", (("goodput_share", "o"),), slo.attainment),
               ("TTFT (ms)", (("ttft_p50_ms", "s"), ("ttft_p99_ms", "o")), slo.ttft_s * 1e3),
               ("ITL (ms)", (("itl_p50_ms", "s"), ("itl_p99_ms", "o")), slo.itl_s * 1e3))
