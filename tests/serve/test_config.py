@@ -88,7 +88,8 @@ def test_engine_python_from_its_environment_variable(monkeypatch):
 def test_shipped_configs_load(path):
     cfg = load_serve_config(path)
     assert cfg.run.name == path.stem  # each writes its own run folder
-    assert cfg.sweep.repeats >= 3 and cfg.engine.extra_flags.get("no-enable-prefix-caching") is True
+    no_cache = "disable-radix-cache" if cfg.engine.names == ["sglang"] else "no-enable-prefix-caching"
+    assert cfg.sweep.repeats >= 3 and cfg.engine.extra_flags.get(no_cache) is True
 
 
 def test_full_scale_configs_have_the_published_rows():
