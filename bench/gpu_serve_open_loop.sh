@@ -67,7 +67,7 @@ if [ "${1:-}" != prep ] && [ "$DRY_RUN" != 1 ]; then  # the engine runs on this 
   export SCALELAB_CACHE=${SCALELAB_CACHE:-/tmp/scalelab-cache}
   export PYTHONPATH=$PWD/src:/tmp/site:/tmp/vllm-site/site
 fi
-[ "$DRY_RUN" = 1 ] && export PYTHONPATH=$PWD/src
+[ "$DRY_RUN" = 1 ] && export PYTHONPATH=$PWD/src SCALELAB_CACHE=${SCALELAB_CACHE:-/tmp/scalelab-cache}
 LOGS=$RUNS/logs
 mkdir -p "$RUNS" "$LOGS"
 

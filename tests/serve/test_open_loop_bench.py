@@ -111,6 +111,30 @@ def test_the_gpu_script_parses_and_its_dry_run_prints_each_parts_command(tmp_pat
     assert "serve search" in sweeps[3] and "search.lo_rps=26 --set search.hi_rps=34" in sweeps[3]
 
 
+def test_an_sglang_part_runs_its_twin_config_on_the_bundles_path(tmp_path):
+    out = dry(tmp_path, "7bsg-ladder")
+    engine = next(ln for ln in out.splitlines() if "sglang.launch_server" in ln)
+    assert "--max-running-requests 256" in engine and "--disable-radix-cache" in engine
+    assert "--mem-fraction-static 0.85" in engine and "--load-format dummy" in engine
+    server = read_json(tmp_path / "runs" / "servers" / "7bsg" / "server.json")
+    assert server["engine"] == "sglang" and server["config"] == "configs/serve/h200-7b-open-loop-sglang.toml"
+    assert server["env"]["PYTHONPATH"] == "/tmp/sglang-site/site:/tmp/vllm-site/site"   # its transformers pin first
+    sweep = next(ln for ln in out.splitlines() if "scalelab.cli serve sweep" in ln)
+    assert "h200-7b-open-loop-sglang.toml" in sweep and 'run.name=\\"7bsg-ladder\\"' in sweep
+
+
+def test_setup_checks_the_tokenizer_and_unpacks_then_probes_sglang(tmp_path):
+    env = {**os.environ, "DRY_RUN": "1", "PY": sys.executable, "RUNS": str(tmp_path / "runs")}
+    out = subprocess.run(["bash", str(SCRIPT), "setup", "/tmp/chunks", "/tmp/sgl"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any("default_tokenizer_dir" in ln for ln in lines)          # a chunk set without the wheel stops here
+    unpack = next(i for i, ln in enumerate(lines) if "sglang_bundle.sh unpack /tmp/sgl" in ln)
+    probe = next(i for i, ln in enumerate(lines) if "sglang_bundle.sh probe" in ln)
+    assert unpack < probe and "DEST=/tmp/sglang-site" in lines[unpack]
+
+
 def test_the_gpu_script_refuses_an_unknown_verb_or_part(tmp_path):
     out = subprocess.run(["bash", str(SCRIPT), "nonsense"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2 and "usage:" in out.stderr

@@ -20,6 +20,7 @@ def test_knee_and_crossing_by_hand():
     k = knee_of([(40.0, 0.81), (6.0, 1.0), (34.0, 0.95), (48.0, 0.81)], 0.90)
     assert k.knee_rps == 40.0 and k.top_rps == 48.0
     assert k.crossing_rps == pytest.approx(34 + 6 * 0.05 / 0.14)   # between 34 (95%) and 40 (81%)
+    assert (k.meets_rps, k.knee_rps) == (34.0, 40.0)                  # the rungs the crossing lies between
     assert knee_of([(8.0, 1.0), (95.0, 0.95)], 0.9).knee_rps is None
     first = knee_of([(10.0, 0.5), (20.0, 0.2)], 0.9)
     assert first.knee_rps == first.crossing_rps == 10.0
@@ -38,6 +39,7 @@ def test_points_match_rate_and_cv_and_the_knee_is_scored():
     assert score.ratio == pytest.approx(0.85) and score.within
     text = "\n".join(open_loop_md(points, 0.9))
     assert "knee predicted 34 req/s, measured 40 req/s (ratio 0.85, within ±20%)" in text
+    assert "measured (interpolated between the rungs at 34 and 40 req/s)" in text
     assert "| vllm TP=1 | gamma CV=1.41 λ=40 req/s | 30% / 89% |" in text
 
 

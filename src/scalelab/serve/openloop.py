@@ -42,6 +42,7 @@ class Knee:
     knee_rps: float | None          # lowest rung below attainment; None when every rung meets it
     crossing_rps: float | None      # interpolated rate where the share falls through attainment
     top_rps: float                  # the ladder's highest rung
+    meets_rps: float | None = None  # the rung below the knee (the last that meets the SLO): the crossing lies between
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def knee_of(ladder: Sequence[tuple[float, float]], attainment: float) -> Knee:
         return Knee(x1, x1, ladder[-1][0])
     x0, s0 = ladder[i - 1]
     cross = x0 + (x1 - x0) * (s0 - attainment) / (s0 - s1) if s0 > s1 else x1
-    return Knee(x1, cross, ladder[-1][0])
+    return Knee(x1, cross, ladder[-1][0], x0)
 
 
 def poisson_ladders(points: Sequence[RatePoint]) -> dict[tuple[str, int], list[RatePoint]]:
@@ -131,6 +132,13 @@ def _rate(x: float | None) -> str:
     return "none" if x is None else f"{x:.3g} req/s"
 
 
+def _between(k: Knee) -> str:
+    """How far to trust an interpolated crossing: the rungs it lies between (a wide gap is a guess)."""
+    if k.meets_rps is None:
+        return "the first rung already misses"
+    return f"interpolated between the rungs at {k.meets_rps:g} and {k.knee_rps:g} req/s"
+
+
 def knee_sentence(k: KneeScore, attainment: float) -> str:
     head = f"{k.engine} TP={k.tp}, Poisson ladder up to {k.measured.top_rps:g} req/s"
     if k.measured.knee_rps is None:
@@ -142,7 +150,7 @@ def knee_sentence(k: KneeScore, attainment: float) -> str:
                 "the prediction had none on this ladder: a miss.")
     verdict = "within" if k.within else "outside"
     cross = (f"; the share crosses {attainment:.0%} at {_rate(k.predicted.crossing_rps)} predicted, "
-             f"{_rate(k.measured.crossing_rps)} measured (interpolated between rungs)")
+             f"{_rate(k.measured.crossing_rps)} measured ({_between(k.measured)})")
     return (f"{head}: knee predicted {_rate(k.predicted.knee_rps)}, measured {_rate(k.measured.knee_rps)} "
             f"(ratio {k.ratio:.2f}, {verdict} ±{WITHIN:.0%}){cross}.")
 
