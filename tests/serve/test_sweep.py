@@ -509,3 +509,17 @@ def test_predicted_knee_of_a_ladder():
     assert [d["rate_rps"] for d in knee["ladder"]] == [2.0, 8.0, 16.0, 32.0, 64.0]
     (none,) = predicted_knees([row(1.0, 1.0), row(2.0, 0.9)], 0.9)       # 0.9 meets: >= attainment
     assert (none["knee_rps"], none["max_rate_meeting_slo_rps"]) == (None, 2.0)
+
+
+def test_the_engine_version_is_read_through_the_engines_own_environment(tmp_path):
+    """An engine on a PYTHONPATH of its own (the SGLang bundle) is found there, with engine.env's '{run_dir}'
+    resolved as the engine process gets it."""
+    from scalelab.serve.sweep import engine_env, engine_version
+    site = tmp_path / "site"
+    (site / "sglang-9.9.1.dist-info").mkdir(parents=True)
+    (site / "sglang-9.9.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 9.9.1\n")
+    cfg = load_serve_config(None, ["model.path=/m", 'engine.env.PYTHONPATH="{run_dir}/site"'])
+    env = engine_env(cfg, tmp_path)
+    assert env == {"PYTHONPATH": f"{tmp_path.absolute()}/site"}
+    assert engine_version(sys.executable, "sglang", env) == "sglang 9.9.1"
+    assert engine_version(sys.executable, "sglang") == ""      # not on our own path

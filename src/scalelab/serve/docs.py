@@ -14,7 +14,7 @@ from scalelab.serve.compare import (
     COLUMNS, Comparison, api_source_sentence, comparisons, cost_sentence, figure_score, fmt, score,
 )
 from scalelab.serve.config import SweepSection
-from scalelab.serve.docs_page import assemble
+from scalelab.serve.docs_page import assemble, join_sections
 from scalelab.serve.explain import (
     TP_LADDER, slo_explanation, tp_ratio_sentences, tp_scaling_explanation, wont_fit_sentences,
 )
@@ -348,7 +348,7 @@ SECTION_NAMES = ("title", "method", "where", "predicted", "tp", "slo", "cost", "
 
 
 def docs_markdown(analyses: Sequence[Analysis], command: str = "") -> str:
-    return docs_markdown_of(docs_sections(analyses, command))
+    return join_sections(docs_sections(analyses, command))
 
 
 def render_docs(run_dirs: Sequence[str | Path], out: str | Path,
@@ -359,12 +359,7 @@ def render_docs(run_dirs: Sequence[str | Path], out: str | Path,
         raise ValueError("render_docs: no sweep folder given")
     analyses = [analyze(load_sweep(d), price_table) for d in run_dirs]
     sections = docs_sections(analyses, command or regenerate_command(run_dirs, out))
-    text = assemble(manifest, sections) if manifest is not None else docs_markdown_of(sections)
-    return write_doc(text, Path(out))
-
-
-def docs_markdown_of(sections: Mapping[str, list[str]]) -> str:
-    return "\n".join(line for lines in sections.values() for line in lines)
+    return write_doc(assemble(manifest, sections), Path(out))
 
 
 def docs(manifest: str | Path, out: Path | None = None, price_table: PriceSource = None) -> Path:

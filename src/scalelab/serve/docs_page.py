@@ -34,11 +34,16 @@ def page_blocks(m: Manifest, names: Sequence[str]) -> list[tuple[str, str]]:
     return blocks
 
 
-def assemble(m: Manifest, sections: Mapping[str, list[str]]) -> str:
+def join_sections(sections: Mapping[str, list[str]]) -> str:
+    """The generated sections in their own order, nothing placed among them."""
+    return "\n".join(line for lines in sections.values() for line in lines)
+
+
+def assemble(m: Manifest | None, sections: Mapping[str, list[str]]) -> str:
     """The title, then each [[page]] block: a prose section as written, a generated section as generated (an
-    empty one, e.g. no open-loop folder, leaves nothing)."""
-    if m.get("page") is None:
-        return "\n".join(line for lines in sections.values() for line in lines)
+    empty one, e.g. no open-loop folder, leaves nothing). No manifest, or one without [[page]]: join_sections."""
+    if m is None or m.get("page") is None:
+        return join_sections(sections)
     blocks = page_blocks(m, list(sections))
     prose = read_prose(m.path_of(m.require("prose")))
     check_prose_placed(m.path, [n for k, n in blocks if k == "prose"], prose)

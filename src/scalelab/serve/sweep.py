@@ -240,7 +240,7 @@ def make_setup(cfg: ServeConfig) -> Setup:
     header = TableHeader(hw.key, hw.name, spec.name, cfg.cost.usd_per_gpu_hour, cfg.slo.ttft_s, cfg.slo.itl_s)
     if not (rd.path / "provenance.json").is_file():
         versions = {} if cfg.engine.url else {
-            e: engine_version(cfg.engine.resolved_python(), e) for e in cfg.engine.names}
+            e: engine_version(cfg.engine.resolved_python(), e, engine_env(cfg, rd.path)) for e in cfg.engine.names}
         rd.write_provenance({"serve": {"table_header": asdict(header), "model_spec": asdict(spec)},
                              "engine_versions": versions})
     slo = SLO(cfg.slo.ttft_s, cfg.slo.itl_s, attainment=cfg.slo.attainment)
@@ -366,13 +366,18 @@ def write_predictions(setup: Setup, points: Sequence[Point], requests: dict[Poin
 # servers
 
 
+def engine_env(cfg: ServeConfig, run_dir: Path) -> dict[str, str]:
+    """engine.env with '{run_dir}' resolved: what the engine process (and its version lookup) runs with."""
+    run = str(run_dir.absolute())
+    return {k: v.replace(RUN_DIR_TOKEN, run) for k, v in cfg.engine.env.items()}
+
+
 def engine_spec(setup: Setup, engine: str, tp: int) -> EngineSpec:
-    e, run = setup.cfg.engine, str(setup.rd.path.absolute())
+    e = setup.cfg.engine
     flags = {MEMORY_FLAGS[engine]: e.gpu_memory_utilization, **e.extra_flags}
     return EngineSpec(engine, setup.model_path, tensor_parallel=tp, port=free_port(), dtype=setup.cfg.model.dtype,
                       max_model_len=e.max_model_len or None, load_format_dummy=e.load_format_dummy,
-                      extra_flags=flags, python=e.resolved_python(),
-                      env={k: v.replace(RUN_DIR_TOKEN, run) for k, v in e.env.items()})
+                      extra_flags=flags, python=e.resolved_python(), env=engine_env(setup.cfg, setup.rd.path))
 
 
 def open_server(setup: Setup, engine: str, tp: int) -> RunningServer:
