@@ -123,6 +123,16 @@ def test_an_sglang_part_runs_its_twin_config_on_the_bundles_path(tmp_path):
     assert "h200-7b-open-loop-sglang.toml" in sweep and 'run.name=\\"7bsg-ladder\\"' in sweep
 
 
+def test_the_mixed_chunk_variant_changes_only_that_flag(tmp_path):
+    base = next(ln for ln in dry(tmp_path / "a", "7bsg-ladder").splitlines() if "sglang.launch_server" in ln)
+    out = dry(tmp_path / "b", "7bsgmix-ladder")
+    mixed = next(ln for ln in out.splitlines() if "sglang.launch_server" in ln)
+    assert mixed.replace(str(tmp_path / "b"), str(tmp_path / "a")) == base + " --enable-mixed-chunk"
+    sweep = next(ln for ln in out.splitlines() if "scalelab.cli serve sweep" in ln)
+    assert "engine.extra_flags.enable-mixed-chunk=true" in sweep and 'run.name=\\"7bsgmix-ladder\\"' in sweep
+    assert (tmp_path / "b" / "runs" / "servers" / "7bsgmix" / "server.json").is_file()
+
+
 def test_setup_checks_the_tokenizer_and_unpacks_then_probes_sglang(tmp_path):
     env = {**os.environ, "DRY_RUN": "1", "PY": sys.executable, "RUNS": str(tmp_path / "runs")}
     out = subprocess.run(["bash", str(SCRIPT), "setup", "/tmp/chunks", "/tmp/sgl"], cwd=REPO, env=env,
