@@ -243,6 +243,8 @@ poll() {  # $1 = seconds to wait at most
   tail -20 "$RUNS/work.log" 2>/dev/null
   for f in "$RUNS"/*/table.md; do [ -f "$f" ] && { echo "== $f"; grep "^| " "$f" | cut -c1-200; }; done
   cat "$RUNS"/*/search.json 2>/dev/null | cut -c1-300
+  for f in "$RUNS"/*-crosscheck/crosscheck.json; do [ -f "$f" ] && "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); \
+print({k: d.get(k) for k in ('ratios_of_medians', 'within_tolerance', 'within_spread', 'within_goal')})" "$f"; done
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null
   cat "$RUNS/work.done" 2>/dev/null || echo "work still running"
 }
