@@ -158,7 +158,8 @@ part() {  # $1 = <model>-<what>
                 run "$PY" bench/vllm_bench_crosscheck.py --url "http://127.0.0.1:$PORT" --model "$MODEL_7B" \
                   --vllm-python "$PY" --sharegpt "$HEAD" --rate "$XC_RATE" --num-prompts "$XC_PROMPTS" \
                   --repeats "$XC_REPEATS" --output-tokens 256 --prompt-max 1000 --scan-limit 2141 \
-                  --tolerance 0.05 --out "$RUNS/$model-crosscheck/crosscheck.json" ;;
+                  --tolerance 0.05 --out "$RUNS/$model-crosscheck/crosscheck.json" \
+                  --records-dir "$RUNS/$model-crosscheck/records" ;;
     search) read -r lo hi < <(search_bracket "$model")
             run "$PY" -m scalelab.cli serve search --config "$(config_of "$model")" $(common "$model") \
               --set "run.name=\"$model-search\"" --set "search.lo_rps=$lo" --set "search.hi_rps=$hi" ;;

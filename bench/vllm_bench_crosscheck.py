@@ -220,12 +220,22 @@ def figures_from_results(client: str, repeat: int, position: int, results: list[
                       ms(m.itl.p99_s), ms(m.tpot.mean_s), ms(m.e2e.p50_s), round(chunks / max(tokens, 1), 4))
 
 
+def vllm_latencies(d: dict) -> list[float]:
+    """Each request's end-to-end latency from vLLM's saved records. Some releases (the GPU image's 0.26)
+    do not save `latencies`; there a request's latency is its last chunk's time minus its send time, which is its
+    TTFT plus the sum of its inter-chunk gaps (vLLM reads the TTFT clock a second time just after the first chunk's
+    timestamp, so the two differ by that call's microseconds)."""
+    if "latencies" in d:
+        return list(d["latencies"])
+    return [ttft + sum(itl) for ttft, itl in zip(d["ttfts"], d["itls"])]
+
+
 def results_from_vllm(d: dict) -> list[RequestResult]:
     """vLLM's per-request records as our RequestResult (send times relative to its first send)."""
     t0 = min(d["start_times"])
     return [RequestResult(i, start - t0, ttft, tuple(itl), latency, out, prompt, success=not err, error=err)
             for i, (start, ttft, itl, latency, out, prompt, err) in enumerate(zip(
-                d["start_times"], d["ttfts"], d["itls"], d["latencies"], d["output_lens"], d["input_lens"],
+                d["start_times"], d["ttfts"], d["itls"], vllm_latencies(d), d["output_lens"], d["input_lens"],
                 d["errors"]))]
 
 
@@ -296,6 +306,13 @@ def engine_spec(args: argparse.Namespace, model: str, tmp: Path) -> EngineSpec:
                       env={"VLLM_CACHE_ROOT": str(tmp / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"})
 
 
+def keep_records(args: argparse.Namespace, name: str, record: dict) -> None:
+    """With --records-dir, each run's per-request records (vLLM's saved result without its texts, ours as
+    RequestResult rows) kept as <name>.json, so every figure can be recomputed from them later."""
+    if args.records_dir:
+        write_json(Path(args.records_dir) / f"{name}.json", record)
+
+
 def measure(args: argparse.Namespace, url: str, model: str, requests: list[Request], dataset: Path,
             tmp: Path) -> tuple[list[RunFigures], list[str]]:
     cfg = ClientConfig(base_url=url, model=model, timeout_s=600)
@@ -304,7 +321,9 @@ def measure(args: argparse.Namespace, url: str, model: str, requests: list[Reque
     def vllm_run(tag: str) -> tuple[dict, list[str]]:
         result = tmp / f"vllm_bench_{tag}.json"
         cmd = vllm_bench_command(args, url, model, dataset, result)
-        return run_vllm_bench(cmd, result, tmp / f"vllm_bench_{tag}.log", env), cmd
+        d = run_vllm_bench(cmd, result, tmp / f"vllm_bench_{tag}.log", env)
+        keep_records(args, f"vllm_bench_{tag}", {k: v for k, v in d.items() if k != "generated_texts"})
+        return d, cmd
 
     # warm-up, one full pass: the first batches of each shape are several times slower (kernel JIT, allocator);
     # in open loop it is vLLM's, and its send offsets are the schedule both clients then keep
@@ -319,6 +338,7 @@ def measure(args: argparse.Namespace, url: str, model: str, requests: list[Reque
             t, load = time.monotonic(), {"load_avg_1m": os.getloadavg()[0]}
             if client == "ours":
                 results = run_ours(cfg, requests, args, schedule)
+                keep_records(args, f"ours_{k}", {"requests": [asdict(r) for r in results]})
                 dev = schedule_dev_ms({r.request_id: r.send_time_s for r in results}, requests, schedule)
                 rows.append(replace(figures_from_results("ours", k, position, results), **load,
                                     schedule_dev_ms=dev))
@@ -355,6 +375,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--vllm-python",
                     default=os.environ.get("SCALELAB_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python")))
     ap.add_argument("--out", default="results/cpu/vllm_bench_crosscheck.json")
+    ap.add_argument("--records-dir", default="", help="keep every run's per-request records here")
     args = ap.parse_args()
     if bool(args.url) != bool(args.model):
         ap.error("--url and --model go together: the running server's URL and the folder it serves")

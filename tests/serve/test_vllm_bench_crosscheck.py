@@ -60,3 +60,15 @@ def test_the_shared_schedule_and_each_runs_deviation_from_it():
     sent = {7: 0.001, 3: 0.252, 9: 0.7535}              # ours, by request id (results arrive in any order)
     assert xc.schedule_dev_ms(sent, requests, schedule) == 3.5
     assert xc.schedule_dev_ms(sent, requests, None) == 0.0
+
+
+def test_vllm_records_with_and_without_saved_latencies():
+    # vLLM 0.26 (the GPU image) saves no `latencies`: each is TTFT + the request's gaps, its last chunk's time
+    d = {"start_times": [10.0, 10.5], "ttfts": [0.2, 0.3], "itls": [[0.01, 0.03], []], "output_lens": [3, 1],
+         "input_lens": [7, 9], "errors": ["", "boom"]}
+    old = xc.results_from_vllm(d)
+    assert [r.send_time_s for r in old] == [0.0, 0.5]
+    assert math.isclose(old[0].e2e_s, 0.24) and math.isclose(old[1].e2e_s, 0.3)
+    assert old[0].success and not old[1].success and old[1].error == "boom"
+    new = xc.results_from_vllm({**d, "latencies": [0.25, 0.31]})   # newer releases save their own
+    assert [r.e2e_s for r in new] == [0.25, 0.31]
