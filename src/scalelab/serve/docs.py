@@ -18,6 +18,7 @@ from scalelab.serve.docs_page import assemble, join_sections
 from scalelab.serve.explain import (
     TP_LADDER, slo_explanation, tp_ratio_sentences, tp_scaling_explanation, wont_fit_sentences,
 )
+from scalelab.serve.harness_doc import harness_md
 from scalelab.serve.model import SCORED_FIGURES, predict_row
 from scalelab.serve.prices import ApiPrices, blended_usd_per_1m
 from scalelab.serve.refit import explain_kwargs, fitted_summary, model_inputs
@@ -322,9 +323,11 @@ def regenerate_command(run_dirs: Sequence[str | Path], out: str | Path) -> str:
     return "scalelab serve docs " + " ".join(shlex.quote(str(d)) for d in run_dirs) + f" --out {shlex.quote(str(out))}"
 
 
-def docs_sections(analyses: Sequence[Analysis], command: str = "") -> dict[str, list[str]]:
+def docs_sections(analyses: Sequence[Analysis], command: str = "",
+                  crosschecks: Sequence[tuple[Path, str]] = ()) -> dict[str, list[str]]:
     """The page's generated sections by name, in their default order (SECTION_NAMES); a manifest's [[page]] may
-    place them among written prose instead (serve.docs_page)."""
+    place them among written prose instead (serve.docs_page). crosschecks: the client checks against `vllm bench
+    serve` (file, name printed), the "harness" section."""
     n_ok = sum(r.status == "ok" for a in analyses for r in a.data.measured)
     opened = [a for a in analyses if open_loop_only(a)]
     analyses = [a for a in analyses if not open_loop_only(a)]
@@ -339,12 +342,13 @@ def docs_sections(analyses: Sequence[Analysis], command: str = "") -> dict[str, 
               "continuous batching with chunked prefill after Kwon et al. 2023 and Agrawal et al. 2024, run through "
               "the sweep's closed-loop protocol) predicts every row; the sweep then measures them. These folders "
               f"hold {n_ok} measured rows.", ""]
-    parts = (title, method, _where_md(analyses), _predicted_md(analyses), tp, slo, _cost_md(analyses),
-             _open_loop_docs_md(opened), _misses_md(analyses), _not_measured_md(analyses, opened))
+    parts = (title, method, harness_md(crosschecks), _where_md(analyses), _predicted_md(analyses), tp, slo,
+             _cost_md(analyses), _open_loop_docs_md(opened), _misses_md(analyses), _not_measured_md(analyses, opened))
     return dict(zip(SECTION_NAMES, parts))
 
 
-SECTION_NAMES = ("title", "method", "where", "predicted", "tp", "slo", "cost", "open-loop", "misses", "not-measured")
+SECTION_NAMES = ("title", "method", "harness", "where", "predicted", "tp", "slo", "cost", "open-loop", "misses",
+                 "not-measured")
 
 
 def docs_markdown(analyses: Sequence[Analysis], command: str = "") -> str:
@@ -352,13 +356,14 @@ def docs_markdown(analyses: Sequence[Analysis], command: str = "") -> str:
 
 
 def render_docs(run_dirs: Sequence[str | Path], out: str | Path,
-                price_table: PriceSource = None, command: str | None = None, manifest: Manifest | None = None) -> Path:
+                price_table: PriceSource = None, command: str | None = None, manifest: Manifest | None = None,
+                crosschecks: Sequence[tuple[Path, str]] = ()) -> Path:
     """docs/serve.md (or `out`) from the sweep folders' files alone and the pinned API price table; with a
     manifest that has a [[page]], its written prose placed among the generated sections (serve.docs_page)."""
     if not run_dirs:
         raise ValueError("render_docs: no sweep folder given")
     analyses = [analyze(load_sweep(d), price_table) for d in run_dirs]
-    sections = docs_sections(analyses, command or regenerate_command(run_dirs, out))
+    sections = docs_sections(analyses, command or regenerate_command(run_dirs, out), crosschecks)
     return write_doc(assemble(manifest, sections), Path(out))
 
 
@@ -369,5 +374,7 @@ def docs(manifest: str | Path, out: Path | None = None, price_table: PriceSource
     for i, run in enumerate(runs):
         if not m.path_of(run).is_dir():
             raise ManifestError(f"{m.path}: runs[{i}] = {run} is not a folder")
+    crosschecks = [(m.path_of(c), c) for c in m.get("crosschecks", default=[])]
     shown = Path(manifest).as_posix()
-    return render_docs([m.path_of(r) for r in runs], out or m.out, price_table, f"scalelab serve docs {shown}", m)
+    return render_docs([m.path_of(r) for r in runs], out or m.out, price_table, f"scalelab serve docs {shown}", m,
+                       crosschecks)
