@@ -43,3 +43,20 @@ def test_a_bad_page_names_the_manifest(tmp_path, page, says):
     with pytest.raises(ManifestError, match="serve.toml") as e:
         assemble(_manifest(tmp_path, page), SECTIONS)
     assert says in str(e.value)
+
+
+def test_the_page_names_sglang_folders_predicted_before_prefill_alone_steps():
+    from pathlib import Path
+    from types import SimpleNamespace as NS
+
+    from scalelab.serve.docs import _mixed_only_sentence
+
+    def folder(name: str, engine: str, limits: dict) -> NS:
+        row = NS(key=NS(engine=engine), provenance={"limits": limits})
+        return NS(data=NS(run_dir=Path("runs") / name, predicted_open=(row,)))
+    old = folder("7bsg-ladder", "sglang", {"max_num_seqs": 1024})
+    new = folder("05bsg-ladder", "sglang", {"max_num_seqs": 256, "mixed_prefill": False})
+    other = folder("7b-ladder", "vllm", {"max_num_seqs": 1024})
+    said = _mixed_only_sentence([old, new, other], "sglang")
+    assert said.endswith("mixed into every decode step: `7bsg-ladder`.")
+    assert _mixed_only_sentence([new, other], "sglang") == ""

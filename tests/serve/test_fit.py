@@ -65,3 +65,17 @@ def test_qwen72b_needs_two_h200():
     # 4096 tokens x 80 layers x 2 x 8 heads x 128 x 2 B = 1.25 GiB of KV
     vllm = ENGINE_LIMITS["vllm"]
     assert two.need_bytes - weights_bytes(m) - 2 * reserve_bytes_per_gpu(m, 2, vllm) == pytest.approx(4096 * 327_680)
+
+
+def test_launch_flags_set_the_limits_the_model_uses():
+    from scalelab.serve.fit import ENGINE_LIMITS, limits_for
+    assert limits_for("vllm") is ENGINE_LIMITS["vllm"] and limits_for("vllm").mixed_prefill
+    v = limits_for("vllm", {"max-num-seqs": 256, "max_num_batched_tokens": 2048, "no-enable-prefix-caching": True})
+    assert (v.max_num_seqs, v.max_num_batched_tokens, v.mixed_prefill) == (256, 2048, True)
+    assert "launch flags: max_num_batched_tokens=2048, max_num_seqs=256" in v.source
+    s = limits_for("sglang", {"max-running-requests": 256, "disable-radix-cache": True})
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.mixed_prefill) == (256, 8192, False)
+    m = limits_for("sglang", {"enable-mixed-chunk": True, "chunked-prefill-size": 4096})
+    assert (m.max_num_seqs, m.max_num_batched_tokens, m.mixed_prefill) == (1024, 4096, True)
+    assert limits_for("sglang", {"enable-mixed-chunk": False}).mixed_prefill is False
+    assert limits_for("vllm", {"enable-mixed-chunk": True}) is ENGINE_LIMITS["vllm"]   # not vLLM's flag

@@ -248,6 +248,28 @@ def test_a_request_arriving_mid_step_waits_for_the_next():
     assert tr.ttft_s[2] == pytest.approx(t[3] - t[1])    # sent at the end of step 1, first token at the end of 3
 
 
+def test_a_prefill_step_of_its_own_pauses_every_decoder_by_hand():
+    """SGLang's default scheduler (mixed=False): request 1's 1000-token prompt arrives while request 0 (100 tokens,
+    3 out) decodes; its prefill runs alone, request 0's next gap spans it, request 1's first gap does not."""
+    sm = step_model(TOY, "h200", 1, 0.9, CAL)
+    prompts, outputs = np.array([100.0, 1000.0]), np.array([3.0, 2.0])
+    a = sm.scalar_step_s(0, 0.0, 100, 100 * 101 / 2)                    # request 0's prompt
+    b = sm.scalar_step_s(1, 101.0, 0, 0)                                 # request 0 decodes; request 1 arrives
+    p = sm.scalar_step_s(0, 0.0, 1000, 1000 * 1001 / 2)                  # request 1's prompt, alone
+    c = sm.scalar_step_s(2, 102.0 + 1001.0, 0, 0)                        # both decode, both end
+    sends = np.array([0.0, a + 1e-4])
+    tr = simulate_run(sm, prompts, outputs, 0, 8, 8192, 0.99, send_times=sends, mixed=False)
+    assert tr.step_s.tolist() == pytest.approx([a, b, p + c])           # decode steps carry the pause before them
+    assert tr.decoders.tolist() == [0, 1, 2]
+    assert tr.ttft_s.tolist() == pytest.approx([a, a + b + p - sends[1]])
+    assert tr.judged_gap_s.tolist() == pytest.approx([p + c, c])
+    assert tr.duration_s == pytest.approx(a + b + p + c)
+    mixed = simulate_run(sm, prompts, outputs, 0, 8, 8192, 0.99, send_times=sends)
+    m = sm.scalar_step_s(1, 102.0, 1000, 1000 * 1001 / 2)               # the prompt joins request 0's decode
+    assert mixed.step_s.tolist()[:3] == pytest.approx([a, b, m])
+    assert mixed.judged_gap_s[0] == pytest.approx(max(b, m))
+
+
 # ---------------------------------------------------------------------------------------------
 # open loop: requests sent at given times
 
@@ -290,3 +312,30 @@ def test_predicted_open_loop_rows_fall_past_the_engines_capacity():
     assert flood.throughput_tok_s > 5 * light.throughput_tok_s             # a full batch against a trickle
     with pytest.raises(ValueError, match="120 requests for 60 send times"):
         predict_open_row(m, "h200", RowKey("vllm", 1, 0), prompts, outputs, [np.zeros(60)], SLO(), 0.9, 3.5, CAL)
+
+
+def test_sglangs_default_scheduler_predicts_longer_gaps_than_mixed_chunks():
+    """The same Poisson load through the limits each launch sets: SGLang as shipped (a prefill step alone) stalls
+    every stream for each arriving prompt and each chunk of it, so its p99 gap exceeds the mixed scheduler's and
+    requests miss the SLO that the mixed one keeps; at a trickle, where prompts seldom meet a running decode, the
+    two agree on TTFT."""
+    from scalelab.serve.fit import limits_for
+    from scalelab.serve.model import predict_open_row
+    from scalelab.serve.workload import arrival_times
+    m = get_model("qwen2.5-7b")
+    rng = np.random.default_rng(0)
+    prompts, outputs = rng.integers(100, 2000, 240).tolist(), rng.integers(100, 500, 240).tolist()
+    shipped, mixed = limits_for("sglang", {"max-running-requests": 256}), \
+        limits_for("sglang", {"max-running-requests": 256, "enable-mixed-chunk": True})
+    assert not shipped.mixed_prefill and mixed.mixed_prefill and shipped.max_num_seqs == mixed.max_num_seqs == 256
+    key = RowKey("sglang", 1, 0)
+    busy = [arrival_times(120, 10.0, seed) for seed in (1, 2)]
+    alone = predict_open_row(m, "h200", key, prompts, outputs, busy, SLO(), 0.9, 3.5, CAL, limits=shipped).figures
+    joint = predict_open_row(m, "h200", key, prompts, outputs, busy, SLO(), 0.9, 3.5, CAL, limits=mixed).figures
+    assert alone.itl_p99_ms > 1.3 * joint.itl_p99_ms
+    assert joint.goodput_share > 0.95 and alone.goodput_share < 0.9
+    assert alone.itl_p50_ms == pytest.approx(joint.itl_p50_ms, rel=0.1)     # most steps decode alone in both
+    trickle = [arrival_times(2, 0.01, seed) for seed in range(120)]
+    quiet_alone = predict_open_row(m, "h200", key, prompts, outputs, trickle, SLO(), 0.9, 3.5, CAL, limits=shipped)
+    quiet_joint = predict_open_row(m, "h200", key, prompts, outputs, trickle, SLO(), 0.9, 3.5, CAL, limits=mixed)
+    assert quiet_alone.figures.ttft_p50_ms == pytest.approx(quiet_joint.figures.ttft_p50_ms, rel=0.02)

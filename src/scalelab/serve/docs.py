@@ -272,8 +272,8 @@ def _not_measured_md(analyses: Sequence[Analysis], opened: Sequence[Analysis] = 
             continue
         if engine in open_engines:
             lines.append(f"- {engine}: no closed-loop (batch) row; its open-loop rows are above. Its scheduler "
-                         "limits in the model are assumed (serve.fit.ENGINE_LIMITS), and the model mixes prompt "
-                         "chunks into decode steps for every engine.")
+                         "limits in the model come from its launch flags over assumed defaults "
+                         "(serve.fit.limits_for)." + _mixed_only_sentence(opened, engine))
         else:
             lines.append(f"- {engine}: no measured row; its scheduler limits in the model are assumed "
                          f"(serve.fit.ENGINE_LIMITS), untested against a real {engine} server.")
@@ -284,6 +284,18 @@ def _not_measured_md(analyses: Sequence[Analysis], opened: Sequence[Analysis] = 
     for a in analyses:
         lines += _ladder_md(a)
     return lines
+
+
+def _mixed_only_sentence(opened: Sequence[Analysis], engine: str) -> str:
+    """Which of the engine's open-loop folders were predicted before the model had prefill-alone steps (their
+    recorded limits have no mixed_prefill): those predictions mixed prompt chunks into every decode step."""
+    before = [a.data.run_dir.name for a in opened
+              if any(r.key.engine == engine and "mixed_prefill" not in r.provenance.get("limits", {"mixed_prefill": 0})
+                     for r in a.data.predicted_open)]
+    if not before:
+        return ""
+    return (" Predicted before the model had prefill-alone steps (SGLang's default scheduler), so with prompt "
+            f"chunks mixed into every decode step: {', '.join(f'`{n}`' for n in before)}.")
 
 
 def open_loop_only(a: Analysis) -> bool:

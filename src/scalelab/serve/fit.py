@@ -15,7 +15,8 @@ vLLM also requires t to divide the attention heads, and the KV heads to be a mul
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Mapping
 
 from scalelab.calc.memory import kv_cache_bytes_per_token
 from scalelab.calc.models import ModelSpec, attention_shape, count_params
@@ -33,12 +34,14 @@ class EngineLimits:
     max_num_batched_tokens: int     # tokens per step (decodes + prefill chunk; Agrawal et al. 2024)
     max_num_seqs: int               # running requests per step
     source: str
+    mixed_prefill: bool = True      # prompt chunks share the decode step (Sarathi-Serve); False: a prefill runs alone
 
 
 ENGINE_LIMITS: dict[str, EngineLimits] = {
     "vllm": EngineLimits(8192, 1024, "vLLM V1 defaults for the OpenAI server on GPUs with >= 70 GiB"),
     "sglang": EngineLimits(8192, 1024, "SGLang 0.5.17's chunked_prefill_size on an 80 GB GPU, as its logged "
-                                       "server_args show; the 1024-request cap assumed"),
+                                       "server_args show; the 1024-request cap assumed; enable_mixed_chunk=False, "
+                                       "its default", mixed_prefill=False),
 }
 
 
@@ -46,6 +49,25 @@ def engine_limits(engine: str) -> EngineLimits:
     if engine not in ENGINE_LIMITS:
         raise KeyError(f"unknown engine {engine!r}; known: {', '.join(ENGINE_LIMITS)}")
     return ENGINE_LIMITS[engine]
+
+
+# engine flag -> the limit it sets, per engine (names as in a config's engine.extra_flags)
+LIMIT_FLAGS = {"vllm": {"max-num-batched-tokens": "max_num_batched_tokens", "max-num-seqs": "max_num_seqs"},
+               "sglang": {"chunked-prefill-size": "max_num_batched_tokens", "max-running-requests": "max_num_seqs"}}
+
+
+def limits_for(engine: str, flags: Mapping[str, object] | None = None) -> EngineLimits:
+    """The engine's limits as its launch flags set them: the per-step token budget and the cap on running
+    requests, and for SGLang whether prompt chunks join the decode step (only with --enable-mixed-chunk; by
+    default its scheduler runs a prefill step on its own, pausing every running stream)."""
+    base = engine_limits(engine)
+    flags = {k.replace("_", "-"): v for k, v in (flags or {}).items()}
+    set_here = {field: int(flags[flag]) for flag, field in LIMIT_FLAGS.get(engine, {}).items() if flag in flags}
+    mixed = base.mixed_prefill or (engine == "sglang" and bool(flags.get("enable-mixed-chunk", False)))
+    if not set_here and mixed == base.mixed_prefill:
+        return base
+    said = [f"{k}={v}" for k, v in set_here.items()] + (["enable-mixed-chunk"] if mixed != base.mixed_prefill else [])
+    return replace(base, **set_here, mixed_prefill=mixed, source=f"{base.source}; launch flags: {', '.join(said)}")
 
 
 @dataclass(frozen=True)

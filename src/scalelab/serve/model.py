@@ -52,7 +52,7 @@ def _running(model: ModelSpec, hardware: str, key: RowKey, lens: Lengths, mem_ut
 def _simulated(sm: StepModel, key: RowKey, lens: Lengths, slo: SLO, b: int, limits: EngineLimits,
                cal: ServeCalibration, requests_per_run: int) -> RowFigures:
     return simulated_figures(sm, lens, key, b, limits.max_num_batched_tokens, slo, requests_per_run,
-                             cal.request_overhead_s)
+                             cal.request_overhead_s, limits.mixed_prefill)
 
 
 def detail(model: ModelSpec, hardware: str, key: RowKey, lens: Lengths, slo: SLO, mem_util: float,
@@ -196,7 +196,7 @@ def _open_figures(model: ModelSpec, hardware: str, key: RowKey, lens: Lengths, s
     cap = kv_capacity_tokens(model, hardware, key.tp, mem_util, limits) / lens.context_mean
     b = max(1, min(limits.max_num_seqs, int(cap)))
     return simulated_open_figures(sm, lens, key, send_times, b, limits.max_num_batched_tokens, slo,
-                                  cal.request_overhead_s)
+                                  cal.request_overhead_s, limits.mixed_prefill)
 
 
 def predict_open_row(model: ModelSpec, hardware: str, key: RowKey, prompt_tokens: Sequence[int],

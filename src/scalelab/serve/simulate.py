@@ -6,6 +6,11 @@ a steady middle and a drain at a falling batch, which the steady state (serve.st
 reaches the engine request_overhead_s after its client sends it (HTTP, tokenization, the hand-off to the engine
 core), and joins the first step launched after that. Which step admits a request thus depends on step lengths:
 figures jump a little when a step end crosses an arrival (serve.calibrate steps its derivatives over those).
+
+Two schedulers: prompt chunks mixed into the decode step (vLLM; SGLang with --enable-mixed-chunk), or a step that
+prefills alone whenever a prompt is waiting (SGLang's default), which every decoding request waits out: its gap
+then spans the prefill steps and the decode step after them. The trace's steps are the decode steps (one gap of
+each decoding request), each carrying the prefill-only time before it.
 """
 from __future__ import annotations
 
@@ -69,58 +74,66 @@ def _arrivals(t: float, idle: bool, pending: deque, queue: deque) -> float:
 
 def simulate_run(sm: StepModel, prompts: np.ndarray, outputs: np.ndarray, batch: int, max_running: int,
                  budget: int, quantile: float, request_overhead_s: float = 0.0,
-                 send_times: np.ndarray | None = None) -> RunTrace:
+                 send_times: np.ndarray | None = None, mixed: bool = True) -> RunTrace:
     """All requests through a closed loop of `batch` clients: the first `batch` are sent at t = 0, each later
     one when another finishes; or, given send_times (ascending), an open loop: request i is sent at
-    send_times[i] whatever the engine's state. Each reaches the engine request_overhead_s after it is sent."""
+    send_times[i] whatever the engine's state. Each reaches the engine request_overhead_s after it is sent.
+    mixed False: a step with a prompt to prefill runs without the decodes (module docstring)."""
     n = len(prompts)
-    sent, first, start = np.zeros(n), np.zeros(n), np.zeros(n, dtype=int)
+    sent, first, start, early = np.zeros(n), np.zeros(n), np.zeros(n, dtype=int), np.zeros(n)
     nxt = min(batch, n) if send_times is None else n                 # an open loop sends nothing on a finish
     if send_times is not None:
         sent = np.asarray(send_times, dtype=float) - float(send_times[0])   # the client's clock starts at its first
     pending = deque((sent[i] + request_overhead_s, i) for i in range(nxt))  # (engine arrival time, request)
     queue, prefilling, finishing = deque(), [], []
     e, t, steps, decs = _Engine(), 0.0, [], []
+    paused = 0.0                # prefill-only time since the last decode step (mixed False): every decoder waits it
     while e.finished < n:
-        if e.d and not (prefilling or queue or pending) and finishing[0][0] > len(steps):
+        if e.d and not (prefilling or queue or pending) and not paused and finishing[0][0] > len(steps):
             t = _fast_forward(sm, e, finishing[0][0] - len(steps), t, steps, decs)
             continue
         t = _arrivals(t, e.d == 0 and not prefilling and not queue, pending, queue)
         while queue and e.running < max_running:
             prefilling.append([queue.popleft(), 0])
             e.running += 1
-        tokens, pairs, completed = _prefill_chunks(prefilling, prompts, budget - e.d)
+        alone = not mixed and e.d > 0 and bool(prefilling)
+        tokens, pairs, completed = _prefill_chunks(prefilling, prompts, budget if alone else budget - e.d)
         if e.d == 0 and tokens == 0:
             raise RuntimeError("simulate_run: no work and no arrival (max_running < 1?)")
-        dt = sm.scalar_step_s(e.d, e.ctx_sum, tokens, pairs)
-        t, k = t + dt, len(steps)
-        steps.append(dt)
-        decs.append(e.d)
-        e.ctx_sum += e.d
-        while finishing and finishing[0][0] == k:
-            _, i = heapq.heappop(finishing)
-            e.d, e.ctx_sum = e.d - 1, e.ctx_sum - prompts[i] - outputs[i]
-            nxt = _finish(e, t, nxt, sent, pending, request_overhead_s)
+        if alone:               # the decoders' next gap grows by this step; new tokens come on the next decode step
+            dt = sm.scalar_step_s(0, 0.0, tokens, pairs)
+            t, paused, k = t + dt, paused + dt, len(steps) - 1
+        else:
+            dt = sm.scalar_step_s(e.d, e.ctx_sum, tokens, pairs)
+            t, k = t + dt, len(steps)
+            steps.append(dt + paused)
+            decs.append(e.d)
+            e.ctx_sum += e.d
+            paused = 0.0
+            while finishing and finishing[0][0] == k:
+                _, i = heapq.heappop(finishing)
+                e.d, e.ctx_sum = e.d - 1, e.ctx_sum - prompts[i] - outputs[i]
+                nxt = _finish(e, t, nxt, sent, pending, request_overhead_s)
         for _ in range(completed):
             i = prefilling.pop(0)[0]
-            first[i], start[i] = t, k + 1
+            first[i], start[i], early[i] = t, k + 1, paused   # its first gap starts at t, not at the pause's start
             if outputs[i] <= 1:
                 nxt = _finish(e, t, nxt, sent, pending, request_overhead_s)
             else:
                 e.d, e.ctx_sum = e.d + 1, e.ctx_sum + prompts[i] + 1
                 heapq.heappush(finishing, (k + int(outputs[i]) - 1, i))
-    return _trace(np.array(steps), np.array(decs), first - sent, start, outputs, quantile, t)
+    return _trace(np.array(steps), np.array(decs), first - sent, start, outputs, quantile, t, early)
 
 
 def simulated_open_figures(sm: StepModel, lens: Lengths, key: RowKey, send_times: list[np.ndarray], max_running: int,
-                           budget: int, slo: SLO, request_overhead_s: float = 0.0) -> RowFigures:
+                           budget: int, slo: SLO, request_overhead_s: float = 0.0, mixed: bool = True) -> RowFigures:
     """Mean over an open loop's repeats: repeat j is the next len(send_times[j]) requests sent at those times,
     each starting on an idle engine (the sweep waits for a repeat's last request before the next one)."""
     per_run, lo = [], 0
     for times in send_times:
         sl = slice(lo, lo + len(times))
         tr = simulate_run(sm, lens.prompts[sl], lens.outputs[sl], 0, max_running, budget, slo.itl_quantile,
-                          request_overhead_s, np.asarray(times))
+                          request_overhead_s, np.asarray(times), mixed)
         per_run.append(trace_figures(tr, key.tp, slo))
         lo += len(times)
     names = [f.name for f in dataclasses.fields(RowFigures)]
@@ -147,12 +160,15 @@ def _finish(e: _Engine, t: float, nxt: int, sent: np.ndarray, pending: deque, ov
 
 
 def _trace(steps: np.ndarray, decs: np.ndarray, ttft: np.ndarray, start: np.ndarray, outputs: np.ndarray,
-           quantile: float, t: float) -> RunTrace:
+           quantile: float, t: float, early: np.ndarray) -> RunTrace:
+    """early[i]: the part of request i's first step (prefill-only time) that passed before its first token."""
     judged = np.zeros(len(ttft))
     for i, (s, o) in enumerate(zip(start, outputs.astype(int))):
         if o >= 2:                                      # its O - 1 gaps are the steps s .. s + O - 2
             rank = math.ceil(quantile * (o - 2))        # numpy's "higher" order statistic of O - 1 gaps
-            judged[i] = np.partition(steps[s:s + o - 1], rank)[rank]
+            gaps = steps[s:s + o - 1].copy()
+            gaps[0] -= early[i]
+            judged[i] = np.partition(gaps, rank)[rank]
     return RunTrace(ttft, judged, steps, decs, t, float(outputs.sum()))
 
 
@@ -167,13 +183,13 @@ def trace_figures(tr: RunTrace, tp: int, slo: SLO) -> RowFigures:
 
 
 def simulated_figures(sm: StepModel, lens: Lengths, key: RowKey, max_running: int, budget: int, slo: SLO,
-                      requests_per_run: int, request_overhead_s: float = 0.0) -> RowFigures:
+                      requests_per_run: int, request_overhead_s: float = 0.0, mixed: bool = True) -> RowFigures:
     """Mean over consecutive runs of `requests_per_run` requests, as the sweep averages its repeats."""
     per_run = []
     for lo in range(0, len(lens.prompts), requests_per_run):
         sl = slice(lo, lo + requests_per_run)
         tr = simulate_run(sm, lens.prompts[sl], lens.outputs[sl], key.batch, max_running, budget, slo.itl_quantile,
-                          request_overhead_s)
+                          request_overhead_s, mixed=mixed)
         per_run.append(trace_figures(tr, key.tp, slo))
     names = [f.name for f in dataclasses.fields(RowFigures)]
     return RowFigures(*(float(np.mean([getattr(f, n) for f in per_run])) for n in names))

@@ -40,7 +40,7 @@ from scalelab.core.rundir import RunDir
 from scalelab.serve import model as analytic_model
 from scalelab.serve.client import ClientConfig, JsonlRecorder, RequestResult, run_closed_loop, run_open_loop
 from scalelab.serve.config import RESUME_KEYS, RUN_DIR_TOKEN, ServeConfig
-from scalelab.serve.fit import check_fit, engine_limits
+from scalelab.serve.fit import check_fit, limits_for
 from scalelab.serve.metrics import SLO, RateSearch, cost_per_1m_output, find_max_rate, measured, spread, summarize
 from scalelab.serve.modeldir import ModelDirError, make_model_dir, spec_from_hf_config
 from scalelab.serve.openloop import knee_of
@@ -304,12 +304,13 @@ def predict_rows(setup: Setup, points: Sequence[Point], requests: dict[Point, Po
     for p in points:
         reqs = [r for rep in requests[p].repeats for r in rep]
         prompts, outputs = [r.prompt_tokens for r in reqs], [r.output_tokens for r in reqs]
+        limits = limits_for(p.key.engine, cfg.engine.extra_flags)     # the caps and scheduler its flags set
         if p.rate_rps is None:
             out.append(analytic_model.predict_row(setup.spec, setup.header.hardware_key, p.key, prompts, outputs,
-                                                  *args, requests_per_run=requests_per_repeat(cfg, p)))
+                                                  *args, limits=limits, requests_per_run=requests_per_repeat(cfg, p)))
             continue
         row = analytic_model.predict_open_row(setup.spec, setup.header.hardware_key, p.key, prompts, outputs,
-                                              send_times(cfg, p, requests[p]), *args)
+                                              send_times(cfg, p, requests[p]), *args, limits=limits)
         out.append(dataclasses.replace(row, provenance={**row.provenance, "load": p.load}))
     return out
 
@@ -539,7 +540,7 @@ def fit_failure(setup: Setup, engine: str, tp: int) -> str:
     w, e = setup.cfg.workload, setup.cfg.engine
     min_kv_tokens = e.max_model_len or (w.prompt_max + w.output_max)
     fit = check_fit(setup.spec, setup.header.hardware_key, tp, e.gpu_memory_utilization, min_kv_tokens,
-                    engine_limits(engine))
+                    limits_for(engine, e.extra_flags))
     return "" if fit.fits else fit.reason
 
 
