@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from scalelab.core.jsonio import GZ, forms, is_stored, iter_jsonl, json_safe, read_json, write_json
-from scalelab.core.recordgz import gzip_bytes
+from scalelab.core.recordgz import COMPRESS
 from scalelab.evals.intervals import normal_interval, wilson_interval
 
 
@@ -159,15 +159,15 @@ class BatteryFolder:
         return self.root / "REPORT.md"
 
 
-def write_jsonl_gz(path: Path, records: Iterable[dict]) -> Path:
-    """`path` (a plain name) as `path.gz`: deterministic gzip (core.recordgz), written to a temporary name and
-    renamed into place. Any other form of it (a committed `path.xz`, a plain copy) is removed: the new records
-    supersede it, and readers would prefer a plain copy or refuse a .gz beside a .xz."""
+def write_jsonl_gz(path: Path, records: Iterable[dict], form: str = GZ) -> Path:
+    """`path` (a plain name) as `path.gz` (or `path.xz` with form XZ): deterministic compression (core.recordgz),
+    written to a temporary name and renamed into place. Any other form of it (a committed `path.xz`, a plain copy)
+    is removed: the new records supersede it, and readers would prefer a plain copy or refuse a .gz beside a .xz."""
     text = "".join(json.dumps(json_safe(r)) + "\n" for r in records)
     path.parent.mkdir(parents=True, exist_ok=True)
-    dest = path.with_name(path.name + GZ)
+    dest = path.with_name(path.name + form)
     tmp = dest.with_name(dest.name + ".tmp")
-    tmp.write_bytes(gzip_bytes(text.encode()))
+    tmp.write_bytes(COMPRESS[form](text.encode()))
     os.replace(tmp, dest)
     for other in forms(path):
         if other != dest:

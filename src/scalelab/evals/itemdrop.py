@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
-import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from scalelab.core.jsonio import XZ, forms, is_stored, json_safe, read_bytes, read_json, write_json
-from scalelab.core.recordgz import xz_bytes
-from scalelab.evals.battery_records import BatteryFolder, GenSummary, ItemRecord, read_items, summary_from_dict
+from scalelab.core.jsonio import XZ, is_stored, read_bytes, read_json, write_json
+from scalelab.evals.battery_records import (BatteryFolder, GenSummary, ItemRecord, read_items, summary_from_dict,
+                                           write_jsonl_gz)
 
 TEXTS_JSON = "texts.json"   # in items/, beside the files it speaks for
 
@@ -54,19 +52,6 @@ def summary_mismatch(summary: GenSummary, items: list[ItemRecord]) -> list[str]:
     return out
 
 
-def _write_xz(plain: Path, rows: list[ItemRecord]) -> Path:
-    """The rows as `plain`.xz, atomically; every other stored form of `plain` removed (the new file supersedes)."""
-    dest = plain.with_name(plain.name + XZ)
-    text = "".join(json.dumps(json_safe(asdict(r))) + "\n" for r in rows)
-    tmp = dest.with_name(dest.name + ".tmp")
-    tmp.write_bytes(xz_bytes(text.encode()))
-    os.replace(tmp, dest)
-    for other in forms(plain):
-        if other != dest:
-            other.unlink(missing_ok=True)
-    return dest
-
-
 def drop_item_texts(folder: str | Path, task: str) -> ItemsDropped:
     bf = BatteryFolder(Path(folder))
     if not is_stored(bf.items(task)) or not is_stored(bf.summary(task)):
@@ -84,7 +69,7 @@ def drop_item_texts(folder: str | Path, task: str) -> ItemsDropped:
                          "nothing was dropped")
     before = read_bytes(bf.items(task))
     done = ItemsDropped(task, len(items), sum(bool(i.completion) for i in items), hashlib.sha256(before).hexdigest())
-    _write_xz(bf.items(task), slim)
+    write_jsonl_gz(bf.items(task), (asdict(i) for i in slim), XZ)   # the packed form committed results use
     log = bf.root / "items" / TEXTS_JSON
     earlier = read_json(log)["dropped"] if log.is_file() else []
     write_json(log, {"dropped": [*(d for d in earlier if d["task"] != task), asdict(done)],
