@@ -290,7 +290,7 @@ def _mixed_only_sentence(opened: Sequence[Analysis], engine: str) -> str:
     """Which of the engine's open-loop folders were predicted before the model had prefill-alone steps (their
     recorded limits have no mixed_prefill): those predictions mixed prompt chunks into every decode step."""
     before = [a.data.run_dir.name for a in opened
-              if any(r.key.engine == engine and "mixed_prefill" not in r.provenance.get("limits", {"mixed_prefill": 0})
+              if any(r.key.engine == engine and "mixed_prefill" not in r.provenance.get("limits", {})
                      for r in a.data.predicted_open)]
     if not before:
         return ""
