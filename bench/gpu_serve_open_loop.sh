@@ -34,7 +34,7 @@
 #   each chunk i but the last: here `PYTHONPATH=src python -m scalelab.core.chunks stage /tmp/serve-chunks $i
 #          .gpu-chunks`, then a call (carry .gpu-chunks): mkdir -p /tmp/chunks && cp .gpu-chunks/* /tmp/chunks/
 #   the last chunk's call:  mkdir -p /tmp/chunks && cp .gpu-chunks/* /tmp/chunks/ &&
-#          bash bench/gpu_serve_open_loop.sh setup /tmp/chunks && SCALELAB_GIT_SHA=<sha> bash bench/gpu_serve_open_loop.sh launch
+#          export SCALELAB_GIT_SHA=<sha> && bash bench/gpu_serve_open_loop.sh setup /tmp/chunks && bash bench/gpu_serve_open_loop.sh launch
 #   then, until "work done":  bash bench/gpu_serve_open_loop.sh poll 540     (each call brings back $OUT/serve.tgz)
 # Here, with what the last poll brought back: `cat serve.tgz.p* | tar -xz` (or the one serve.tgz), then per run
 # folder `scalelab serve slim` (per-request records small enough to commit) and `scalelab serve report`.

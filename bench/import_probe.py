@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,7 +109,9 @@ def main() -> None:
     ap.add_argument("targets", nargs="+", help="modules to import, in order")
     ap.add_argument("--out", help="JSON file for the result (also printed)")
     a = ap.parse_args()
-    result = probe(a.targets)
+    # provenance: the command, and the commit when the caller names it (the bundle's copy runs outside a checkout)
+    result = {**probe(a.targets), "command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "git_sha": os.environ.get("SCALELAB_GIT_SHA", "unknown")}
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

@@ -4,9 +4,12 @@ module, are all reported in one call (a plain import stops at the first); a pres
 and the first failure that is not a missing module (a version check) is reported as the error."""
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from bench import import_probe
 
@@ -58,3 +61,14 @@ def test_a_plain_import_would_stop_at_the_first(tmp_path):
     out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import probe_pkg",
                           str(root)], capture_output=True, text=True)
     assert out.returncode != 0 and "No module named 'absent_alpha'" in out.stderr
+
+
+def test_the_written_result_carries_its_command_and_commit(tmp_path):
+    script = Path(__file__).resolve().parents[2] / "bench" / "import_probe.py"
+    out = tmp_path / "probe.json"
+    env = {**os.environ, "SCALELAB_GIT_SHA": "abc123"}
+    subprocess.run([sys.executable, str(script), "json", "--out", str(out)], check=True, env=env,
+                   capture_output=True, timeout=120)
+    d = json.loads(out.read_text())
+    assert d["missing"] == [] and d["error"] is None and d["git_sha"] == "abc123"
+    assert d["command"].endswith(f"{script} json --out {out}")
