@@ -160,22 +160,24 @@ part() {  # $1 = <model>-<what>
                   --repeats "$XC_REPEATS" --output-tokens 256 --prompt-max 1000 --scan-limit 2141 \
                   --tolerance 0.05 --out "$RUNS/$model-crosscheck/crosscheck.json" \
                   --records-dir "$RUNS/$model-crosscheck/records" ;;
-    search) read -r lo hi < <(search_bracket "$model")
+    search) read -r lo hi floor < <(search_bracket "$model")
             run "$PY" -m scalelab.cli serve search --config "$(config_of "$model")" $(common "$model") \
-              --set "run.name=\"$model-search\"" --set "search.lo_rps=$lo" --set "search.hi_rps=$hi" ;;
+              --set "run.name=\"$model-search\"" --set "search.lo_rps=$lo" --set "search.hi_rps=$hi" \
+              --set "search.floor_rps=$floor" ;;
     *) echo "unknown part $1" >&2; return 1 ;;
   esac
   local rc=$?
   [ -d "$RUNS/$model-$what" ] && cp "$RUNS/servers/$model/server.json" "$RUNS/$model-$what/server.json" 2>/dev/null
   return $rc
 }
-search_bracket() {  # "lo hi" for model $1: the ladder's, else the config's [search] bounds
-  local cfg lo hi
+search_bracket() {  # "lo hi floor" for model $1: the ladder's bracket, else the config's [search] bounds; the
+  local cfg lo hi  # config's lo is the floor the search steps down to when the ladder's lo misses on its repeats
   cfg=$(config_of "$1")
   read -r lo hi < <("$PY" -c "import tomllib,sys; s=tomllib.load(open(sys.argv[1],'rb'))['search']; \
 print(s['lo_rps'], s['hi_rps'])" "$cfg")
-  if [ -f "$RUNS/$1-ladder/rows.jsonl" ]; then "$PY" bench/serve_open_loop.py bracket "$RUNS/$1-ladder" "$lo" "$hi"
-  else echo "$lo $hi"; fi
+  if [ -f "$RUNS/$1-ladder/rows.jsonl" ]; then
+    echo "$("$PY" bench/serve_open_loop.py bracket "$RUNS/$1-ladder" "$lo" "$hi") $lo"
+  else echo "$lo $hi $lo"; fi
 }
 work() {
   local p t0

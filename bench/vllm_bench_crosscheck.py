@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
 import math
 import os
@@ -56,12 +57,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from scalelab.calc.models import ModelSpec, count_params
 from scalelab.core.engines import EngineSpec, RunningServer, log_tail
-from scalelab.core.jsonio import write_json
+from scalelab.core.jsonio import read_json, write_json
 from scalelab.core.net import free_port
 from scalelab.core.provenance import collect
 from scalelab.serve.client import ClientConfig, RequestResult, run_closed_loop, run_open_loop
@@ -144,10 +146,23 @@ def write_sharegpt(requests: list[Request], answers: dict[str, str], path: Path)
     path.write_text(json.dumps(rows, ensure_ascii=False))
 
 
+def served_tokenizer(model: str) -> Any:
+    """The tokenizer of the folder the server serves, as the server's transformers reads it; None without one.
+    `vllm bench serve` filters ShareGPT prompts by this count (longer than 1,024 tokens: dropped and replaced by
+    a later one), so our sample must be filtered by the same count for both clients to send the same prompts.
+    (On the GPU image the served folder's tokenizer counted more tokens than tiktoken's GPT-2 for some ShareGPT
+    prompts, so a sample filtered by tiktoken held prompts that vLLM's loader replaced.)"""
+    if not model or not (Path(model) / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model, local_files_only=True, trust_remote_code=False)
+
+
 def workload(args: argparse.Namespace, path: Path) -> list[Request]:
     # Output lengths are overridden to --output-tokens on both sides, so only prompt length is filtered.
     lengths = LengthFilter(args.prompt_min, args.prompt_max, 1, 10**9)
-    sampled = sample_sharegpt(args.num_prompts, args.seed, args.sharegpt, lengths=lengths, scan_limit=args.scan_limit)
+    sampled = sample_sharegpt(args.num_prompts, args.seed, args.sharegpt, tokenizer=served_tokenizer(args.model),
+                              lengths=lengths, scan_limit=args.scan_limit)
     write_sharegpt(sampled, reference_answers(args.scan_limit, args.sharegpt), path)
     return [replace(r, output_tokens=args.output_tokens) for r in sampled]
 
@@ -353,6 +368,43 @@ def measure(args: argparse.Namespace, url: str, model: str, requests: list[Reque
     return rows, bench_cmd
 
 
+def paired_ttft(records_dir: Path) -> dict:
+    """Request by request, per repeat: our TTFT minus vLLM's for the same prompt (both clients follow one send
+    schedule in open loop, request i at offset i). A client that measured TTFT differently would show one sign
+    in every repeat; a server whose scheduling varies from run to run shows differences of either sign. Pairs
+    are found by aligning the two runs' prompt-length sequences (difflib): where vLLM's loader dropped a prompt
+    and took a later one, the prompts after it are sent one slot apart, and the unpaired ones are counted."""
+    out = []
+    for ours_path in sorted(records_dir.glob("ours_*.json")):
+        k = ours_path.stem.split("_")[1]
+        theirs_path = records_dir / f"vllm_bench_{k}.json"
+        if theirs_path.is_file():
+            out.append(_pair_repeat(int(k), ours_path, read_json(theirs_path)))
+    signs = {np.sign(r["ttft_diff_ms_median"]) for r in out}
+    return {"repeats": out, "one_sign_in_every_repeat": len(out) > 1 and len(signs) == 1,
+            "how": "our TTFT minus vLLM's for the same prompt in one repeat's two runs (records in --records-dir)"}
+
+
+def _pair_repeat(k: int, ours_path: Path, d: dict) -> dict:
+    ours = sorted((r for r in read_json(ours_path)["requests"] if not r.get("warmup")), key=lambda r: r["request_id"])
+    mine, theirs = [r["prompt_tokens"] for r in ours], list(d["input_lens"])
+    blocks = difflib.SequenceMatcher(a=mine, b=theirs, autojunk=False).get_matching_blocks()
+    pairs = [(b.a + j, b.b + j) for b in blocks for j in range(b.size)]
+    if not pairs:
+        raise ValueError(f"{ours_path}: no request pairs with vllm_bench_{k}.json (no prompt lengths in common)")
+    i, j = (np.array(x) for x in zip(*pairs))
+    diff = 1e3 * (np.array([r["ttft_s"] for r in ours])[i] - np.array(d["ttfts"])[j])
+    sent = np.array([r["send_time_s"] for r in ours])
+    starts = np.array(d["start_times"])
+    offset_diff = np.abs((sent - sent.min())[i] - (starts - starts.min())[j])
+    return {"repeat": k, "pairs": len(pairs), "unpaired": len(mine) - len(pairs),
+            "pairs_sent_apart": int(np.sum(i != j)), "send_offset_max_diff_ms": ms(float(offset_diff.max())),
+            "ttft_diff_ms_median": round(float(np.median(diff)), 3),
+            "ttft_diff_ms_mean": round(float(np.mean(diff)), 3),
+            "ttft_diff_ms_p10_p90": [round(float(x), 3) for x in np.percentile(diff, [10, 90])],
+            "share_ours_longer": round(float(np.mean(diff > 0)), 4)}
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-prompts", type=int, default=96)
@@ -376,6 +428,8 @@ def parse_args() -> argparse.Namespace:
                     default=os.environ.get("SCALELAB_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python")))
     ap.add_argument("--out", default="results/cpu/vllm_bench_crosscheck.json")
     ap.add_argument("--records-dir", default="", help="keep every run's per-request records here")
+    ap.add_argument("--paired-only", action="store_true",
+                    help="measure nothing: add the request-by-request TTFT pairing of --records-dir to --out")
     args = ap.parse_args()
     if bool(args.url) != bool(args.model):
         ap.error("--url and --model go together: the running server's URL and the folder it serves")
@@ -402,6 +456,11 @@ def run_on_own_server(args: argparse.Namespace, spec: ModelSpec, tmp: Path, data
 
 def main() -> None:
     args = parse_args()
+    if args.paired_only:  # an earlier run's file, its records kept beside it
+        pairing = paired_ttft(Path(args.records_dir))
+        write_json(args.out, {**read_json(args.out), "paired_ttft": pairing})
+        print(json.dumps(pairing, indent=1))
+        return
     load_at_start = os.getloadavg()
     spec = bench_spec(args)
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -424,7 +483,8 @@ def main() -> None:
     model = {"folder": args.model} if args.url else {**asdict(spec), "params": count_params(spec).total}
     write_json(args.out, {"provenance": provenance, "config": vars(args), "model": model,
                           "workload": workload_summary, "goal_ratio_tolerance": args.tolerance,
-                          "rows": [asdict(r) for r in rows], **cmp})
+                          "rows": [asdict(r) for r in rows], **cmp,
+                          **({"paired_ttft": paired_ttft(Path(args.records_dir))} if args.records_dir else {})})
     print(f"wrote {args.out}")
 
 

@@ -14,7 +14,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "results" / "h200" / "grpo"
 RUNS = ["seeds/seed0", "hacking/exploit", "staleness/k8", "qwen2.5-coder-0.5b-gsm8k/recipe-lr2e-5-s0",
         "qwen2.5-coder-0.5b-gsm8k/recipe-lr5e-5-s0", "qwen2.5-coder-0.5b-gsm8k/recipe-lr1e-4-s0",
         "qwen2.5-coder-0.5b-gsm8k/recipe-lr2e-4-s0"]
-# the recipe's runs keep every greedy text; the learning-rate sweep's kept its verdicts only (grpo/textdrop.py)
+# the recipe's runs keep greedy texts (seed 1 both policies', seed 0 its base's: its trained texts went for room,
+# `grpo eval --drop-texts trained`); the learning-rate sweep's kept its verdicts only (grpo/textdrop.py)
 REAL = sorted((RESULTS.parents[1] / "h100" / "grpo" / "qwen2.5-coder-0.5b-gsm8k").glob("recipe-*"))
 
 
@@ -45,8 +46,12 @@ def test_real_gsm8k_generations_rescore_from_their_text(run, shared_data):
     cfg = load_grpo_config(d / "config.toml")
     task = get_task(cfg.data.task, **cfg.data.task_options)
     examples = {e.id: e for e in task.load(cfg.eval.split, str(shared_data / "gsm8k"))}
+    texts = 0
     for policy in ("base", "trained"):
         ev = load_eval(d, policy)
         assert len(ev.examples) == 1319
         for r in ev.examples:
-            assert task.score(examples[r.id], r.greedy_text).correct == r.greedy_correct, (policy, r.id)
+            if r.greedy_text is not None:
+                texts += 1
+                assert task.score(examples[r.id], r.greedy_text).correct == r.greedy_correct, (policy, r.id)
+    assert texts >= 1319  # at least one policy's every answer

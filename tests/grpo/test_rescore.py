@@ -127,7 +127,7 @@ def test_dropping_texts_twice_is_refused_and_keeps_the_first_record(tmp_path):
     run = _run(tmp_path)
     drop_texts(run)
     first = (run / "eval" / "texts.json").read_bytes()
-    with pytest.raises(ValueError, match="no greedy texts to drop"):
+    with pytest.raises(ValueError, match="no greedy texts of base, trained to drop"):
         drop_texts(run)
     assert (run / "eval" / "texts.json").read_bytes() == first
 
@@ -143,3 +143,24 @@ def test_a_pointer_to_another_runs_base_is_replaced_by_the_slim_record(tmp_path)
     drop_texts(second)
     assert not (second / "eval" / "base.json.same").exists() and (second / "eval" / "base.json").is_file()
     assert load_eval(first, "base").examples[0].greedy_text == "so \\boxed{18}"  # the target is untouched
+
+
+def test_dropping_one_policy_keeps_the_others_texts_and_records_both_drops(tmp_path, capsys):
+    from scalelab.core.jsonio import read_json
+    from scalelab.grpo.heldout import load_eval
+    from scalelab.grpo.textdrop import drop_texts
+    run = _run(tmp_path)
+    summary = read_json(run / "eval" / "summary.json")
+    assert cli(["grpo", "eval", str(run), "--drop-texts", "trained"]) == 0
+    assert "trained: 4 of 4 texts dropped" in capsys.readouterr().out
+    assert [r.greedy_text for r in load_eval(run, "base").examples] == [t for t, _ in BASE]
+    assert all(r.greedy_text is None for r in load_eval(run, "trained").examples)
+    r = rescore_run(run)
+    assert r.reproduces and r.summary == summary and r.from_texts == {"base": 4, "trained": 0}
+    with pytest.raises(ValueError, match="no greedy texts of trained"):
+        drop_texts(run, ("trained",))
+    drop_texts(run, ("base",))  # later the other one: texts.json then names both
+    kept = read_json(run / "eval" / "texts.json")["dropped"]
+    assert [(d["policy"], d["texts"]) for d in kept] == [("trained", 4), ("base", 4)]
+    with pytest.raises(ValueError, match="allowed: base, trained"):
+        drop_texts(run, ("reference",))

@@ -38,6 +38,7 @@ def load(*overrides: str):
     ("cost.hardware=h300", "cost.hardware"),
     ("model.dtype=int4", "model.dtype"),
     ("search.lo_rps=20", "search.lo_rps"),
+    ("search.floor_rps=1000", "search.floor_rps"),
     ("sweep.arrival_cv=-1", "sweep.arrival_cv"),
     ("cost.api_models=['']", "cost.api_models[0]"),
     ("sweep.bach=[1]", "sweep.bach"),

@@ -39,3 +39,24 @@ def test_one_table_per_file_with_the_recorded_verdicts(tmp_path):
 
 def test_no_files_no_section():
     assert harness_md([]) == []
+
+
+def test_each_repeat_and_the_request_pairing_follow_the_table(tmp_path):
+    rows = [{"client": c, "repeat": k, "ttft_p50_ms": v} for c, k, v in
+            [("ours", 0, 31.51), ("vllm_bench", 0, 34.64), ("vllm_raw_ours_metrics", 0, 34.64),
+             ("vllm_bench", 1, 34.75), ("ours", 1, 37.71)]]
+    paired = {"repeats": [{"repeat": 0, "pairs": 517, "unpaired": 3, "ttft_diff_ms_median": -3.042,
+                           "ttft_diff_ms_mean": -3.534, "ttft_diff_ms_p10_p90": [-12.6, 5.004],
+                           "share_ours_longer": 0.3191},
+                          {"repeat": 1, "pairs": 520, "ttft_diff_ms_median": 1.66, "ttft_diff_ms_mean": 3.139,
+                           "ttft_diff_ms_p10_p90": [-8.064, 18.046], "share_ours_longer": 0.5996}],
+              "one_sign_in_every_repeat": False}
+    write_json(tmp_path / "x.json", {**_crosscheck(26.0), "rows": rows, "paired_ttft": paired})
+    lines = harness_md([(tmp_path / "x.json", "x.json")])
+    assert "p50 TTFT (ms) by repeat, ours / vllm bench: 31.5 / 34.6, 37.7 / 34.8." in lines
+    assert "Request by request (the same prompt in one repeat's two runs): no common sign across repeats." in lines
+    assert "| 0 | 517 (3) | -3.0 | -3.5 | -12.6 / +5.0 | 32% |" in lines
+    assert "| 1 | 520 (0) | +1.7 | +3.1 | -8.1 / +18.0 | 60% |" in lines
+    # a file without them (the CPU checks) gets neither
+    write_json(tmp_path / "y.json", _crosscheck(26.0))
+    assert not any("by repeat" in ln or "Request by request" in ln for ln in harness_md([(tmp_path / "y.json", "y")]))

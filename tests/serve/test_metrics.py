@@ -112,6 +112,24 @@ def test_find_max_rate_edges():
         find_max_rate(lambda r: 1.0, SLO(), 5.0, 5.0)
 
 
+def test_a_bracket_whose_bottom_misses_steps_down_to_the_floor_then_bisects():
+    # capacity 40 req/s; the bracket 95..120 came from a ladder whose 95 met by luck: halve 95 -> 47.5 -> 23.75
+    # (meets), then bisect 23.75..47.5 geometrically: sqrt(23.75*47.5)=33.59 meets, sqrt(33.59*47.5)=39.94 meets,
+    # sqrt(39.94*47.5)=43.56 misses, 41.71 misses; 41.71/39.94 - 1 = 4.4% <= 5%: stop at 39.94
+    share = lambda r: 1.0 if r <= 40.0 else 0.5
+    out = find_max_rate(share, SLO(attainment=0.9), 95.0, 120.0, rel_tol=0.05, max_probes=12, floor_rps=8.0)
+    rates = [round(p.rate_rps, 2) for p in out.probes]
+    assert rates == [95.0, 47.5, 23.75, 33.59, 39.94, 43.56, 41.71]
+    assert round(out.rate_rps, 2) == 39.94 and out.share_at_rate == 1.0
+    # the floor bounds the step down: nothing meets above 8 -> no rate, the floor itself probed last
+    none = find_max_rate(lambda r: 0.0, SLO(), 95.0, 120.0, floor_rps=8.0)
+    assert none.rate_rps == 0.0 and [p.rate_rps for p in none.probes] == [95.0, 47.5, 23.75, 11.875, 8.0]
+    # without a floor a missing bottom is the answer, as before; a floor above lo is refused
+    assert [p.rate_rps for p in find_max_rate(share, SLO(), 95.0, 120.0).probes] == [95.0]
+    with pytest.raises(ValueError, match="floor_rps <= lo_rps"):
+        find_max_rate(share, SLO(), 5.0, 10.0, floor_rps=6.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # the rate search against a scripted server on a fake clock
 

@@ -109,6 +109,7 @@ def test_the_gpu_script_parses_and_its_dry_run_prints_each_parts_command(tmp_pat
     assert "sweep.rates=\\[34\\]" in sweeps[1] and "sweep.arrival_cv=1.4142135623730951" in sweeps[1]
     assert "sweep.rates=\\[34\\]" in sweeps[2] and "workload.ignore_eos=false" in sweeps[2]
     assert "serve search" in sweeps[3] and "search.lo_rps=26 --set search.hi_rps=34" in sweeps[3]
+    assert "search.floor_rps=6.0" in sweeps[3]   # the config's lo: where a missing bracket bottom steps down to
 
 
 def test_an_sglang_part_runs_its_twin_config_on_the_bundles_path(tmp_path):

@@ -89,3 +89,12 @@ def test_search_json_reads_back_as_written_and_prints_as_the_cli_does(tmp_path):
         "highest rate meeting the SLO: 36.9 req/s (median share 96%)\n"
         "probes (each repeat's goodput share): 34/s -> 98%/99% (meets), 40/s -> 99%/40% (misses), "
         "36.9/s -> 100%/92% (meets)")
+
+
+def test_a_search_whose_bottom_missed_says_it_found_no_rate():
+    from scalelab.serve.metrics import Probe, RateSearch
+    from scalelab.serve.openloop import search_sentence
+    missed = RateSearch(0.0, 0.795, (Probe(95.0, (0.62, 0.97), False),))
+    assert search_sentence(missed) == (
+        "no probed rate met the SLO (the lowest, 95 req/s: median share 80%); the highest rate meeting it lies "
+        "below that\nprobes (each repeat's goodput share): 95/s -> 62%/97% (misses)")

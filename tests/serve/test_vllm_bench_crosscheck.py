@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 
+from scalelab.core.jsonio import read_json, write_json
 from tests.bench_script import load_bench
 
 xc = load_bench("vllm_bench_crosscheck")
@@ -72,3 +73,54 @@ def test_vllm_records_with_and_without_saved_latencies():
     assert old[0].success and not old[1].success and old[1].error == "boom"
     new = xc.results_from_vllm({**d, "latencies": [0.25, 0.31]})   # newer releases save their own
     assert [r.e2e_s for r in new] == [0.25, 0.31]
+
+
+def _records(folder, k, ours, theirs):
+    """ours: (prompt_tokens, send_s, ttft_s) in request order; theirs: the same for vLLM's run."""
+    write_json(folder / f"ours_{k}.json", {"requests": [
+        {"request_id": i, "prompt_tokens": p, "send_time_s": s, "ttft_s": t, "warmup": False}
+        for i, (p, s, t) in enumerate(ours)] + [{"request_id": 99, "prompt_tokens": 5, "send_time_s": 0.0,
+                                                 "ttft_s": 9.0, "warmup": True}]})
+    write_json(folder / f"vllm_bench_{k}.json", {"input_lens": [p for p, _, _ in theirs],
+                                                 "start_times": [100.0 + s for _, s, _ in theirs],
+                                                 "ttfts": [t for _, _, t in theirs]})
+
+
+def test_paired_ttft_pairs_the_same_prompts_and_counts_the_one_vllm_dropped(tmp_path):
+    # repeat 0: vLLM's loader dropped prompt 1 (1,111 tokens) and sent a later one (70) last; the prompts after the
+    # drop go out one slot earlier on its side. Ours is 2 ms longer on each pair but the last (+8 ms)
+    ours = [(100, 0.0, 0.030), (1111, 0.1, 0.050), (200, 0.2, 0.040), (300, 0.3, 0.060)]
+    theirs = [(100, 0.0, 0.028), (200, 0.1, 0.038), (300, 0.2, 0.052), (70, 0.3, 0.020)]
+    _records(tmp_path, 0, ours, theirs)
+    # repeat 1: every prompt paired, ours shorter by 1 ms each
+    same = [(100, 0.0, 0.030), (200, 0.1, 0.040)]
+    _records(tmp_path, 1, same, [(p, s, t + 0.001) for p, s, t in same])
+    out = xc.paired_ttft(tmp_path)
+    r0, r1 = out["repeats"]
+    assert (r0["pairs"], r0["unpaired"], r0["pairs_sent_apart"]) == (3, 1, 2)
+    assert r0["send_offset_max_diff_ms"] == 100.0                  # 0.2 vs 0.1 and 0.3 vs 0.2
+    assert r0["ttft_diff_ms_median"] == 2.0 and r0["ttft_diff_ms_mean"] == 4.0 and r0["share_ours_longer"] == 1.0
+    assert (r1["pairs"], r1["unpaired"], r1["ttft_diff_ms_median"], r1["share_ours_longer"]) == (2, 0, -1.0, 0.0)
+    assert out["one_sign_in_every_repeat"] is False
+    _records(tmp_path, 1, same, [(p, s, t - 0.001) for p, s, t in same])   # now longer in both repeats
+    assert xc.paired_ttft(tmp_path)["one_sign_in_every_repeat"] is True
+
+
+def test_paired_only_adds_the_pairing_to_an_earlier_file(tmp_path, monkeypatch):
+    same = [(100, 0.0, 0.030), (200, 0.1, 0.040)]
+    _records(tmp_path, 0, same, same)
+    write_json(tmp_path / "x.json", {"rows": [], "config": {}})
+    monkeypatch.setattr(sys, "argv", ["x", "--paired-only", "--records-dir", str(tmp_path), "--out",
+                                      str(tmp_path / "x.json")])
+    xc.main()
+    d = read_json(tmp_path / "x.json")
+    assert d["rows"] == [] and d["paired_ttft"]["repeats"][0]["pairs"] == 2
+
+
+def test_the_sample_is_filtered_by_the_served_folders_tokenizer(tmp_path):
+    from scalelab.calc.models import ModelSpec
+    from scalelab.serve.modeldir import make_model_dir
+    assert xc.served_tokenizer("") is None and xc.served_tokenizer(str(tmp_path)) is None   # no folder, no tokenizer
+    folder = make_model_dir(ModelSpec("t", 2, 128, 2, 1, 256, 50257), tmp_path / "m")
+    tok = xc.served_tokenizer(str(folder))
+    assert tok("hello world").input_ids == [31373, 995]   # GPT-2's ids, read from the folder's own files

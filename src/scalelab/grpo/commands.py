@@ -49,10 +49,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--rescore", action="store_true",
                    help="no model, no GPU: score the kept generations (eval/base.json, trained.json) again, "
                         "recompute the comparison and check it against eval/summary.json (exit 1 if it differs)")
-    p.add_argument("--drop-texts", action="store_true",
-                   help="no model, no GPU: rewrite eval/base.json and trained.json keeping each problem's verdicts "
-                        "(lenient, strict) and token count but not its text, for an ablation's committed run "
-                        "(refused unless the verdicts alone give eval/summary.json; eval/texts.json says what went)")
+    p.add_argument("--drop-texts", nargs="?", const="base,trained", default=None, metavar="POLICIES",
+                   help="no model, no GPU: rewrite eval/base.json and trained.json (or only the comma-separated "
+                        "POLICIES named) keeping each problem's verdicts (lenient, strict) and token count but not "
+                        "its text, for an ablation's committed run (refused unless the verdicts alone give "
+                        "eval/summary.json; eval/texts.json says what went)")
     p.set_defaults(func=_eval)
 
     p = verbs.add_parser("export", help="a run's checkpointed policy as a plain HF folder (LoRA merged), for any "
@@ -135,7 +136,7 @@ def _eval(args: argparse.Namespace) -> int:
         return _rescore(args.run_dir)
     if args.drop_texts:
         from scalelab.grpo.textdrop import drop_texts
-        for d in drop_texts(args.run_dir):
+        for d in drop_texts(args.run_dir, tuple(x.strip() for x in args.drop_texts.split(",") if x.strip())):
             print(f"{d.policy}: {d.texts} of {d.rows} texts dropped (was sha256 {d.sha256[:16]})")
         return 0
     from scalelab.grpo.heldout import eval_run, headline

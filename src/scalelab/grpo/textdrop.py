@@ -9,7 +9,10 @@ is written unless the texts first re-grade to the recorded verdicts and summary 
 then give that summary exactly. eval/texts.json records what went: each file's row count and the sha256 of its
 plain content, which finds it in the repository's history.
 
-    drop_texts(run_dir) -> list[Dropped]      rewrite eval/base.json and trained.json without texts
+    drop_texts(run_dir, policies=POLICIES) -> list[Dropped]   rewrite eval/base.json and/or trained.json without texts
+
+One policy alone (`--drop-texts trained`) keeps the other's texts: a base evaluation that a later run points to
+(a `.same` pointer names its sha256) must stay as it is.
 """
 from __future__ import annotations
 
@@ -48,8 +51,11 @@ def _replace_stored(path: Path, record: dict) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
-def drop_texts(run_dir: str | Path) -> list[Dropped]:
+def drop_texts(run_dir: str | Path, policies: tuple[str, ...] = POLICIES) -> list[Dropped]:
     run_dir = Path(run_dir)
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise ValueError(f"drop_texts: policies {list(policies)}; allowed: {', '.join(POLICIES)}")
     cfg = load_grpo_config(run_dir / "config.toml")
     evals = {p: load_eval(run_dir, p) for p in POLICIES}
     missing = [p for p, ev in evals.items() if ev is None]
@@ -57,17 +63,19 @@ def drop_texts(run_dir: str | Path) -> list[Dropped]:
     if missing or not is_stored(summary_path):
         raise FileNotFoundError(f"{eval_dir(run_dir)}: needs base.json, trained.json and summary.json "
                                 f"(missing: {', '.join([p + '.json' for p in missing] or ['summary.json'])})")
-    if not any(r.greedy_text is not None for ev in evals.values() for r in ev.examples):
-        raise ValueError(f"{eval_dir(run_dir)}: no greedy texts to drop (dropped before? see texts.json)")
+    if not any(r.greedy_text is not None for p in policies for r in evals[p].examples):
+        raise ValueError(f"{eval_dir(run_dir)}: no greedy texts of {', '.join(policies)} to drop "
+                         f"(dropped before? see texts.json)")
     if not rescore_run(run_dir).reproduces:
         raise ValueError(f"{eval_dir(run_dir)}: its texts do not re-grade to the recorded verdicts and summary; "
                          f"nothing was dropped (`scalelab grpo eval {run_dir} --rescore` shows where)")
-    slim = {p: verdicts_only(ev, cfg) for p, ev in evals.items()}
+    slim = {p: verdicts_only(ev, cfg) if p in policies else ev for p, ev in evals.items()}
     again = json_text(compare(slim["base"], slim["trained"], cfg))
     if again != json_text(read_json(summary_path)):
         raise ValueError(f"{summary_path}: the verdicts alone do not give the recorded summary; nothing was dropped")
-    done = []
-    for p, ev in evals.items():
+    done = list(_earlier(run_dir))
+    for p in policies:
+        ev = evals[p]
         before = read_bytes(eval_dir(run_dir) / f"{p}.json")  # as stored: decompressed, a pointer followed
         done.append(Dropped(p, len(ev.examples), sum(r.greedy_text is not None for r in ev.examples),
                             hashlib.sha256(before).hexdigest()))
@@ -76,4 +84,10 @@ def drop_texts(run_dir: str | Path) -> list[Dropped]:
                {"dropped": [asdict(d) for d in done],
                 "why": "verdicts kept, greedy texts dropped (scalelab.grpo.textdrop); sha256 is of each record's "
                        "plain content before, which finds it in the repository's history"})
-    return done
+    return done[-len(policies):]
+
+
+def _earlier(run_dir: Path) -> list[Dropped]:
+    """What an earlier drop of the other policy recorded (texts.json), kept beside this one's."""
+    path = eval_dir(run_dir) / "texts.json"
+    return [Dropped(**d) for d in read_json(path)["dropped"]] if is_stored(path) else []

@@ -246,10 +246,15 @@ class SearchSection:
     rule: Literal["median", "all"] = param("median", "a probed rate meets the SLO when the median of its repeats' "
                                                      "goodput shares reaches slo.attainment (median), or when every "
                                                      "repeat's does (all)")
+    floor_rps: float = param(0.0, "when lo_rps itself misses, halve the rate down to this one before giving up "
+                                  "(a bracket read off an earlier ladder can be wrong at its low end); 0: no "
+                                  "step down, the search then finds no rate", ge=0.0)
 
     def validate(self) -> None:
         if self.lo_rps >= self.hi_rps:
             raise ConfigError(f"config field 'search.lo_rps': {self.lo_rps} >= search.hi_rps={self.hi_rps}")
+        if self.floor_rps > self.lo_rps:
+            raise ConfigError(f"config field 'search.floor_rps': {self.floor_rps} > search.lo_rps={self.lo_rps}")
 
 
 @dataclass

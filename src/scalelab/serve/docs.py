@@ -14,6 +14,7 @@ from scalelab.serve.compare import (
     COLUMNS, Comparison, api_source_sentence, comparisons, cost_sentence, figure_score, fmt, score,
 )
 from scalelab.serve.config import SweepSection
+from scalelab.serve.docs_figure import ladder_series, plot_ladders
 from scalelab.serve.docs_page import assemble, join_sections
 from scalelab.serve.explain import (
     TP_LADDER, slo_explanation, tp_ratio_sentences, tp_scaling_explanation, wont_fit_sentences,
@@ -308,9 +309,10 @@ OPEN_LOOP_WHY = ("Requests arrive at a rate (Poisson, or gamma gaps of a stated 
                  "SLO's attainment, and the rate search bisects for the highest rate that meets it.")
 
 
-def _open_loop_docs_md(analyses: Sequence[Analysis]) -> list[str]:
-    """The open-loop sweeps on one page: their rows in one table, the knees scored, the searches, the misses by
-    reason and the price at the highest rate meeting the SLO (each folder's REPORT.md has the per-rate detail)."""
+def _open_loop_docs_md(analyses: Sequence[Analysis], figure: str = "") -> list[str]:
+    """The open-loop sweeps on one page: their rows in one table, the ladders' figure (`figure`: its link, when
+    drawn), the knees scored, the searches, the misses by reason and the price at the highest rate meeting the SLO
+    (each folder's REPORT.md has the per-rate detail)."""
     if not analyses:
         return []
     name = {id(a): f"{a.data.run_dir.parent.name}/{a.data.run_dir.name}" for a in analyses}
@@ -318,6 +320,8 @@ def _open_loop_docs_md(analyses: Sequence[Analysis]) -> list[str]:
     lines += [f"- `{name[id(a)]}`: {a.settings.model_name} on `{a.settings.hardware}` ({gpus_phrase(a.data.provenance)})"
               for a in analyses] + ["", "| Run | " + header_line()[2:], "|---|" + "---|" * len(MD_COLUMNS)]
     lines += [markdown_row(r, f"`{name[id(a)]}`") for a in analyses for r in a.data.measured] + ["", LOAD_NOTE, ""]
+    lines += [f"![every Poisson ladder, measured: goodput share, p99 TTFT and p99 ITL against the offered rate]"
+              f"({figure})", ""] if figure else []
     knees = [f"- `{name[id(a)]}`: {knee_sentence(k, a.settings.slo.attainment)}"
              for a in analyses for k in knee_scores(a.open_points, a.settings.slo.attainment)]
     searches = [f"- `{name[id(a)]}`: {line}" for a in analyses if (line := search_line(a))]
@@ -336,10 +340,12 @@ def regenerate_command(run_dirs: Sequence[str | Path], out: str | Path) -> str:
 
 
 def docs_sections(analyses: Sequence[Analysis], command: str = "",
-                  crosschecks: Sequence[tuple[Path, str]] = ()) -> dict[str, list[str]]:
+                  crosschecks: Sequence[tuple[Path, str]] = (), figures_dir: Path | None = None
+                  ) -> dict[str, list[str]]:
     """The page's generated sections by name, in their default order (SECTION_NAMES); a manifest's [[page]] may
     place them among written prose instead (serve.docs_page). crosschecks: the client checks against `vllm bench
-    serve` (file, name printed), the "harness" section."""
+    serve` (file, name printed), the "harness" section. figures_dir: the page's figures/ folder, where the
+    open-loop ladders' figure is drawn (none without it)."""
     n_ok = sum(r.status == "ok" for a in analyses for r in a.data.measured)
     opened = [a for a in analyses if open_loop_only(a)]
     analyses = [a for a in analyses if not open_loop_only(a)]
@@ -355,8 +361,21 @@ def docs_sections(analyses: Sequence[Analysis], command: str = "",
               "the sweep's closed-loop protocol) predicts every row; the sweep then measures them. These folders "
               f"hold {n_ok} measured rows.", ""]
     parts = (title, method, harness_md(crosschecks), _where_md(analyses), _predicted_md(analyses), tp, slo,
-             _cost_md(analyses), _open_loop_docs_md(opened), _misses_md(analyses), _not_measured_md(analyses, opened))
+             _cost_md(analyses), _open_loop_docs_md(opened, _ladders_figure(opened, figures_dir)),
+             _misses_md(analyses), _not_measured_md(analyses, opened))
     return dict(zip(SECTION_NAMES, parts))
+
+
+LADDERS_FIGURE = "serve_open_loop_ladders.png"
+
+
+def _ladders_figure(opened: Sequence[Analysis], figures_dir: Path | None) -> str:
+    """Draw the ladders' figure into figures_dir; its link relative to the page ("" when nothing is drawn)."""
+    series = ladder_series(opened)
+    if figures_dir is None or not series:
+        return ""
+    plot_ladders(series, opened[0].settings.slo, figures_dir / LADDERS_FIGURE)
+    return f"{figures_dir.name}/{LADDERS_FIGURE}"
 
 
 SECTION_NAMES = ("title", "method", "harness", "where", "predicted", "tp", "slo", "cost", "open-loop", "misses",
@@ -375,7 +394,8 @@ def render_docs(run_dirs: Sequence[str | Path], out: str | Path,
     if not run_dirs:
         raise ValueError("render_docs: no sweep folder given")
     analyses = [analyze(load_sweep(d), price_table) for d in run_dirs]
-    sections = docs_sections(analyses, command or regenerate_command(run_dirs, out), crosschecks)
+    sections = docs_sections(analyses, command or regenerate_command(run_dirs, out), crosschecks,
+                             Path(out).parent / "figures")
     return write_doc(assemble(manifest, sections), Path(out))
 
 

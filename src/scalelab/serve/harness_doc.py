@@ -5,7 +5,10 @@ serve` on one server, the same prompts, load and seed, interleaved repeats), one
 
 Each table puts the medians over repeats side by side, their ratio, and vLLM's own per-request records run through
 our metric code against vLLM's printed figures: a ratio of 1 there means the two define the metric the same way, so
-any gap left between the clients is measurement, not definition.
+any gap left between the clients is measurement, not definition. Where the file carries it, each repeat's p50 TTFT
+per client follows, and the request-by-request pairing (`paired_ttft`: our TTFT minus vLLM's for the same prompt
+in the same repeat), which tells a client that measures differently (one sign in every repeat) from a server
+whose timing varies from run to run.
 """
 from __future__ import annotations
 
@@ -56,6 +59,28 @@ def _table(d: dict) -> list[str]:
     return lines
 
 
+def _by_repeat(d: dict, key: str = "ttft_p50_ms") -> str:
+    rows = {(r["client"], r["repeat"]): r[key] for r in d.get("rows", [])}
+    reps = sorted({k for _, k in rows})
+    pairs = [f"{rows[('ours', k)]:.1f} / {rows[('vllm_bench', k)]:.1f}" for k in reps
+             if ("ours", k) in rows and ("vllm_bench", k) in rows]
+    return f"{LABELS[key]} by repeat, ours / vllm bench: " + ", ".join(pairs) + "." if pairs else ""
+
+
+def _paired(d: dict) -> list[str]:
+    p = d.get("paired_ttft")
+    if not p:
+        return []
+    lines = ["| repeat | prompts paired (unpaired) | TTFT ours - vLLM, median (ms) | mean (ms) | 10th / 90th pct (ms) "
+             "| ours longer |", "|---|---|---|---|---|---|"]
+    for r in p["repeats"]:
+        lo, hi = r["ttft_diff_ms_p10_p90"]
+        lines.append(f"| {r['repeat']} | {r['pairs']} ({r.get('unpaired', 0)}) | {r['ttft_diff_ms_median']:+.1f} | "
+                     f"{r['ttft_diff_ms_mean']:+.1f} | {lo:+.1f} / {hi:+.1f} | {r['share_ours_longer']:.0%} |")
+    sign = "the same sign in every repeat" if p["one_sign_in_every_repeat"] else "no common sign across repeats"
+    return ["Request by request (the same prompt in one repeat's two runs): " + sign + ".", "", *lines, ""]
+
+
 def harness_md(files: Sequence[tuple[Path, str]]) -> list[str]:
     if not files:
         return []
@@ -72,4 +97,6 @@ def harness_md(files: Sequence[tuple[Path, str]]) -> list[str]:
         c = d["config"]
         lines += [f"`{shown}`: {_where(d)}; {_load(c)}, {c.get('num_prompts')} prompts, {c.get('repeats')} "
                   f"repeats per client, {c.get('output_tokens')} output tokens each.", "", *_table(d), ""]
+        rep = _by_repeat(d)
+        lines += ([rep, ""] if rep else []) + _paired(d)
     return lines

@@ -204,13 +204,22 @@ def rate_meets_slo(shares: Sequence[float], attainment: float, rule: str) -> boo
 
 
 def find_max_rate(run_at_rate: Callable[[float], float | Sequence[float]], slo: SLO, lo_rps: float, hi_rps: float,
-                  rel_tol: float = 0.05, max_probes: int = 12, rule: str = "median") -> RateSearch:
+                  rel_tol: float = 0.05, max_probes: int = 12, rule: str = "median",
+                  floor_rps: float | None = None) -> RateSearch:
     """The highest request rate that meets the SLO, by bisection on log(rate) (midpoint = geometric mean),
     assuming the share falls as the rate rises. `run_at_rate(rate)` runs the load (its repeats) and returns the
     goodput share of each repeat (`summarize(...).goodput_share` at that `slo`), or one share for one run;
-    `rate_meets_slo` with `rule` judges them. Stops when hi/lo - 1 <= rel_tol or after max_probes probes."""
+    `rate_meets_slo` with `rule` judges them. Stops when hi/lo - 1 <= rel_tol or after max_probes probes.
+
+    A bracket taken from an earlier ladder can be wrong at its low end: the ladder's rung met the SLO on its
+    repeats, the search's own repeats there miss (near the knee a 5-15 s window is noisy). With `floor_rps`
+    below `lo_rps`, a missing `lo` is not the answer: the search halves the rate (never below the floor) until one
+    meets, then bisects between it and the lowest miss. Without a floor, or when the floor misses too, the
+    result is 0.0."""
     if not 0 < lo_rps < hi_rps:
         raise ValueError(f"find_max_rate: need 0 < lo_rps < hi_rps, got {lo_rps}, {hi_rps}")
+    if floor_rps is not None and not 0 < floor_rps <= lo_rps:
+        raise ValueError(f"find_max_rate: need 0 < floor_rps <= lo_rps, got {floor_rps}, {lo_rps}")
     verdict_share((1.0,), rule)  # an unknown rule fails before any load is run
     probes: list[Probe] = []
 
@@ -224,12 +233,28 @@ def find_max_rate(run_at_rate: Callable[[float], float | Sequence[float]], slo: 
         at = next((p for p in probes if p.rate_rps == rate), probes[0])
         return RateSearch(rate, verdict_share(at.shares, rule), tuple(probes), rule)
 
-    if not probe(lo_rps):
-        return result(0.0)
-    if probe(hi_rps):
-        return result(hi_rps)
     good, bad = lo_rps, hi_rps
+    if not probe(lo_rps):
+        good, bad = _step_down(probe, lo_rps, floor_rps, max_probes - 1)
+        if good is None:
+            return result(0.0)
+    elif probe(hi_rps):
+        return result(hi_rps)
     while bad / good - 1 > rel_tol and len(probes) < max_probes:
         mid = math.sqrt(good * bad)  # geometric: rates worth probing span orders of magnitude
         good, bad = (mid, bad) if probe(mid) else (good, mid)
     return result(good)
+
+
+def _step_down(probe: Callable[[float], bool], lo_rps: float, floor_rps: float | None,
+               probes_left: int) -> tuple[float | None, float]:
+    """(the first rate that meets, the lowest that missed) halving from `lo_rps` down to `floor_rps`; (None, the
+    lowest miss) when none meets within the floor or the probes left."""
+    bad = lo_rps
+    while floor_rps is not None and bad > floor_rps and probes_left > 0:
+        rate = max(bad / 2, floor_rps)
+        probes_left -= 1
+        if probe(rate):
+            return rate, bad
+        bad = rate
+    return None, bad

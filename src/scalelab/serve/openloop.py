@@ -250,5 +250,10 @@ def search_sentence(s: RateSearch) -> str:
     """The search's answer and every probe, as `scalelab serve search` prints them."""
     probes = ", ".join(f"{p.rate_rps:.3g}/s -> {'/'.join(f'{x:.0%}' for x in p.shares)}"
                        f" ({'meets' if p.meets else 'misses'})" for p in s.probes)
-    return (f"highest rate meeting the SLO: {s.rate_rps:.3g} req/s ({s.rule} share {s.share_at_rate:.0%})\n"
-            f"probes (each repeat's goodput share): {probes}")
+    if s.rate_rps > 0:
+        answer = f"highest rate meeting the SLO: {s.rate_rps:.3g} req/s ({s.rule} share {s.share_at_rate:.0%})"
+    else:  # even the lowest probe missed: the search found no rate, it does not say the capacity is zero
+        low = min(s.probes, key=lambda p: p.rate_rps)
+        answer = (f"no probed rate met the SLO (the lowest, {low.rate_rps:.3g} req/s: {s.rule} share "
+                  f"{s.share_at_rate:.0%}); the highest rate meeting it lies below that")
+    return f"{answer}\nprobes (each repeat's goodput share): {probes}"

@@ -650,7 +650,8 @@ def run_search(cfg: ServeConfig, engine: str = "", tp: int = 0, echo: Echo = pri
             if row.status != "ok":  # no request of some repeat succeeded: the rate fails on every repeat
                 return [0.0] * s.repeats
             return [f["goodput_share"] for f in row.provenance["repeat_figures"]]
-        result = find_max_rate(shares_at, setup.slo, s.lo_rps, s.hi_rps, s.rel_tol, s.max_probes, s.rule)
+        result = find_max_rate(shares_at, setup.slo, s.lo_rps, s.hi_rps, s.rel_tol, s.max_probes, s.rule,
+                               s.floor_rps or None)
     write_json(setup.rd.path / "search.json", search_record(result, engine, tp, s.repeats, setup.slo))
     setup.rd.log_event("search_done", engine=engine, tp=tp, rate_rps=result.rate_rps)
     render(setup.rd)
