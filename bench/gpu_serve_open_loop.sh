@@ -6,7 +6,7 @@
 #   05b-*  configs/serve/h200-qwen05-open-loop.toml the real Qwen2.5-Coder-0.5B-Instruct, EOS honoured (chat)
 #   7bsg-*, 05bsg-*  the same with SGLang (configs/serve/h200-*-open-loop-sglang.toml), from the SGLang bundle
 #          (bench/sglang_bundle.sh) unpacked into $SGLANG_SITE by `setup CHUNK_DIR SGLANG_PARTS_DIR`
-#   7bsgmix-*  7bsg with --enable-mixed-chunk: prompt chunks join running decode steps, as vLLM's scheduler does
+#   7bsgmix-*, 05bsgmix-*  7bsg, 05bsg with --enable-mixed-chunk: prompt chunks join running decode steps, as vLLM's scheduler does
 #          (SGLang's default runs a prefill step alone, pausing every stream: the one flag changed)
 # Parts, each its own run folder under $RUNS (predictions.json, with the ladder's knee, written and its sha256 logged
 # before the first request; per-request JSONL; rows; provenance; server.json with the engine's exact command):
@@ -78,7 +78,7 @@ run() {  # a command, or under DRY_RUN=1 its line
 }
 config_of() { case $1 in 7b) echo configs/serve/h200-7b-open-loop.toml ;; 05b) echo configs/serve/h200-qwen05-open-loop.toml ;;
               7bsg|7bsgmix) echo configs/serve/h200-7b-open-loop-sglang.toml ;;
-              05bsg) echo configs/serve/h200-qwen05-open-loop-sglang.toml ;;
+              05bsg|05bsgmix) echo configs/serve/h200-qwen05-open-loop-sglang.toml ;;
               *) echo "unknown model $1" >&2; return 1 ;; esac; }
 model_set() {  # the 7B's dummy folder; SGLang's site first on its server's PYTHONPATH (its transformers pin)
   case $1 in 7b*) echo --set "model.path=\"$MODEL_7B\"" ;; esac
