@@ -175,8 +175,8 @@ search_bracket() {  # "lo hi floor" for model $1: the ladder's bracket, else the
   cfg=$(config_of "$1")
   read -r lo hi < <("$PY" -c "import tomllib,sys; s=tomllib.load(open(sys.argv[1],'rb'))['search']; \
 print(s['lo_rps'], s['hi_rps'])" "$cfg")
-  if [ -f "$RUNS/$1-ladder/rows.jsonl" ]; then
-    echo "$("$PY" bench/serve_open_loop.py bracket "$RUNS/$1-ladder" "$lo" "$hi") $lo"
+  if [ -f "$RUNS/$1-ladder/rows.jsonl" ]; then  # the floor never above the bracket's bottom (a rung under lo)
+    "$PY" bench/serve_open_loop.py bracket "$RUNS/$1-ladder" "$lo" "$hi" | awk -v f="$lo" '{print $1, $2, ($1 < f ? $1 : f)}'
   else echo "$lo $hi $lo"; fi
 }
 work() {

@@ -153,3 +153,12 @@ def test_the_gpu_script_refuses_an_unknown_verb_or_part(tmp_path):
         ["bash", str(SCRIPT), "work"], cwd=REPO, capture_output=True, text=True, timeout=300,
         env={**os.environ, "DRY_RUN": "1", "PY": sys.executable, "RUNS": str(tmp_path), "PARTS": "7b-nonsense",
              "MODEL_7B": str(tmp_path / "m")}).stdout
+
+
+def test_the_search_floor_is_never_above_the_brackets_bottom(tmp_path):
+    # a ladder whose only rung meeting the SLO (4 req/s) lies under the config's lo (6): the bracket starts there,
+    # and so does the floor (the config would refuse a floor above lo)
+    ladder_folder(tmp_path / "runs" / "7b-ladder", {4.0: 1.0, 6.0: 0.5, 16.0: 0.2})
+    out = dry(tmp_path, "7b-search")
+    sweep = next(ln for ln in out.splitlines() if "scalelab.cli serve search" in ln)
+    assert "search.lo_rps=4 --set search.hi_rps=6 --set search.floor_rps=4" in sweep
