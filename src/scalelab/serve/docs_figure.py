@@ -5,8 +5,9 @@ own figure with the predictions beside the measurements.
     ladder_series(analyses) -> list[Series]      the ladders among the page's open-loop folders
     plot_ladders(series, slo, path) -> Path
 
-A ladder is a folder of Poisson rows (arrival CV 1) at three or more rates that is not a rate search (its probes
-are chosen by the bisection, not spread over the load).
+A ladder is a folder's Poisson (arrival CV 1) points of one engine and TP (serve.openloop.poisson_ladders: measured
+rows beside their predictions) at three or more rates, in a folder that is not a rate search (its probes are chosen
+by the bisection, not spread over the load).
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from scalelab.core.pngsave import save_png
-from scalelab.serve.openloop import read_search
-from scalelab.serve.table import arrival_cv, rate_rps
+from scalelab.serve.openloop import poisson_ladders, read_search
+from scalelab.serve.plots import new_figure
 
 PANELS = (("goodput share", "goodput_share", "attainment", 1.0),
           ("p99 TTFT (ms)", "ttft_p99_ms", "ttft_s", 1e3),
@@ -32,23 +33,18 @@ class Series:
 def ladder_series(analyses: Sequence[Any]) -> list[Series]:
     out = []
     for a in analyses:
-        rows = [r for r in a.data.measured if r.status == "ok" and rate_rps(r) is not None]
-        cvs = {1.0 if arrival_cv(r) is None else round(arrival_cv(r), 6) for r in rows}
-        if read_search(a.data.run_dir) is not None or cvs != {1.0} or len({rate_rps(r) for r in rows}) < 3:
+        if read_search(a.data.run_dir) is not None:
             continue
-        engines = sorted({r.key.engine for r in rows})
-        label = f"{a.data.run_dir.parent.name}/{a.data.run_dir.name} ({', '.join(engines)})"
-        out.append(Series(label, tuple(sorted(((rate_rps(r), r.figures) for r in rows), key=lambda p: p[0]))))
+        folder = f"{a.data.run_dir.parent.name}/{a.data.run_dir.name}"
+        out += [Series(f"{folder} ({engine})", tuple((p.rate_rps, p.measured) for p in points))
+                for (engine, _), points in poisson_ladders(a.open_points).items() if len(points) >= 3]
     return out
 
 
 def plot_ladders(series: Sequence[Series], slo: Any, path: Path) -> Path:
     """Three panels against the offered rate (log axes: the 0.5B's rates reach three times the 7B's); the SLO
     dotted."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(13.0, 4.2), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(13.0, dpi=100)
     for i, (title, figure, limit_field, scale) in enumerate(PANELS):
         ax = fig.add_subplot(1, 3, i + 1)
         for n, s in enumerate(series):

@@ -33,7 +33,7 @@ def _load_label(r: Row) -> str:
     return f"b={r.key.batch}" if rate is None else f"{rate:g}/s"
 
 
-def _figure(width_in: float, dpi: int = 120):
+def new_figure(width_in: float, dpi: int = 120):
     # matplotlib's object API on the Agg canvas: no pyplot global state, no display needed
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -44,7 +44,7 @@ def _figure(width_in: float, dpi: int = 120):
 
 def throughput_vs_latency(lines: dict[str, list[Row]], head: TableHeader, out: Path) -> Path:
     """Left: throughput vs median TTFT; right: vs median ITL. Up and left is better."""
-    fig = _figure(11)
+    fig = new_figure(11)
     axes = fig.subplots(1, 2)
     for ax, attr, xlabel in ((axes[0], "ttft_p50_ms", "p50 TTFT (ms)"), (axes[1], "itl_p50_ms", "p50 ITL (ms)")):
         for name, rs in lines.items():
@@ -63,7 +63,7 @@ def throughput_vs_latency(lines: dict[str, list[Row]], head: TableHeader, out: P
 
 
 def slo_attainment(lines: dict[str, list[Row]], head: TableHeader, rate: bool, out: Path) -> Path:
-    fig = _figure(6)
+    fig = new_figure(6)
     ax = fig.add_subplot(1, 1, 1)
     ticks: set[float] = set()
     for name, rs in lines.items():
@@ -157,7 +157,7 @@ def _diagonal(ax: Any, cs: Sequence[Comparison], log: bool) -> None:
 def plot_open_loop(ladders: dict[tuple[str, int], list[Any]], slo: Any, path: Path) -> Path:
     """Open-loop Poisson ladders against their predictions (serve.openloop.poisson_ladders): goodput share,
     p50/p99 TTFT and p50/p99 ITL against the offered rate; measured solid, predicted dashed, the SLO dotted."""
-    fig = _figure(13.0, dpi=100)  # three panels of a few lines each: 1,300 px wide is legible, and a third smaller
+    fig = new_figure(13.0, dpi=100)  # three panels of a few lines each: 1,300 px wide is legible, and a third smaller
     panels = (("goodput share", (("goodput_share", "o"),), slo.attainment),
               ("TTFT (ms)", (("ttft_p50_ms", "s"), ("ttft_p99_ms", "o")), slo.ttft_s * 1e3),
               ("ITL (ms)", (("itl_p50_ms", "s"), ("itl_p99_ms", "o")), slo.itl_s * 1e3))
