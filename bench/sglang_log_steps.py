@@ -17,12 +17,15 @@ fast-changing batch (a burst of arrivals or completions) blur it, which is why m
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import statistics
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from scalelab.core.provenance import collect
 
 LINE = re.compile(r"^\[[^\]]+\] (Decode|Prefill) batch, (.*)$")
 BANDS = ((1, 32), (32, 64), (64, 128), (128, 200), (200, 100_000))
@@ -85,12 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("log")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
-    ivs = intervals(Path(args.log).read_text(errors="replace").splitlines())
+    raw = Path(args.log).read_bytes()
+    ivs = intervals(raw.decode(errors="replace").splitlines())
     if not ivs:
         print(f"{args.log}: no decode batch lines", file=sys.stderr)
         return 1
     doc = {"log": args.log, "intervals": len(ivs), "by_running": by_band(ivs),
-           "how": "step = running / generated tokens per second over each decode-log interval (bench/sglang_log_steps.py)"}
+           "how": "step = running / generated tokens per second over each decode-log interval (bench/sglang_log_steps.py)",
+           "provenance": collect({"log_sha256": hashlib.sha256(raw).hexdigest(), "log_bytes": len(raw)})}
     text = json.dumps(doc, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
+import hashlib
 import json
 import math
 import os
@@ -385,6 +386,13 @@ def paired_ttft(records_dir: Path) -> dict:
             "how": "our TTFT minus vLLM's for the same prompt in one repeat's two runs (records in --records-dir)"}
 
 
+def records_manifest(records_dir: Path) -> dict[str, dict]:
+    """Each per-request record file of --records-dir by name: its sha256 and size (the files stay outside the
+    repository; these find them again)."""
+    return {p.name: {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "bytes": p.stat().st_size}
+            for p in sorted(records_dir.glob("*.json"))}
+
+
 def _pair_repeat(k: int, ours_path: Path, d: dict) -> dict:
     ours = sorted((r for r in read_json(ours_path)["requests"] if not r.get("warmup")), key=lambda r: r["request_id"])
     mine, theirs = [r["prompt_tokens"] for r in ours], list(d["input_lens"])
@@ -456,8 +464,9 @@ def run_on_own_server(args: argparse.Namespace, spec: ModelSpec, tmp: Path, data
 
 def main() -> None:
     args = parse_args()
-    if args.paired_only:  # an earlier run's file, its records kept beside it
-        pairing = paired_ttft(Path(args.records_dir))
+    if args.paired_only:  # an earlier run's file, its records kept beside it: what was read and how, recorded
+        records = Path(args.records_dir)
+        pairing = {**paired_ttft(records), "provenance": collect({"records": records_manifest(records)})}
         write_json(args.out, {**read_json(args.out), "paired_ttft": pairing})
         print(json.dumps(pairing, indent=1))
         return

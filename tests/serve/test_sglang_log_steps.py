@@ -36,3 +36,14 @@ def test_a_batch_line_missing_its_field_is_named_by_line():
     bad = ["[t] Decode batch, #running-req: 5, #token: 9"]
     with pytest.raises(ValueError, match="line 1: a batch line without the field 'gen throughput"):
         steps.intervals(bad)
+
+
+def test_the_written_file_names_its_log_by_sha256_and_its_command(tmp_path):
+    import hashlib
+    import json
+    log = tmp_path / "server.log"
+    log.write_text(LOG)
+    assert steps.main([str(log), "--out", str(tmp_path / "steps.json")]) == 0
+    doc = json.loads((tmp_path / "steps.json").read_text())
+    assert doc["intervals"] == 3 and doc["provenance"]["git_sha"] and "command" in doc["provenance"]
+    assert doc["provenance"]["log_sha256"] == hashlib.sha256(LOG.encode()).hexdigest()

@@ -107,14 +107,21 @@ def test_paired_ttft_pairs_the_same_prompts_and_counts_the_one_vllm_dropped(tmp_
 
 
 def test_paired_only_adds_the_pairing_to_an_earlier_file(tmp_path, monkeypatch):
+    import hashlib
     same = [(100, 0.0, 0.030), (200, 0.1, 0.040)]
-    _records(tmp_path, 0, same, same)
+    (tmp_path / "rec").mkdir()
+    _records(tmp_path / "rec", 0, same, same)
     write_json(tmp_path / "x.json", {"rows": [], "config": {}})
-    monkeypatch.setattr(sys, "argv", ["x", "--paired-only", "--records-dir", str(tmp_path), "--out",
+    monkeypatch.setattr(sys, "argv", ["x", "--paired-only", "--records-dir", str(tmp_path / "rec"), "--out",
                                       str(tmp_path / "x.json")])
     xc.main()
     d = read_json(tmp_path / "x.json")
     assert d["rows"] == [] and d["paired_ttft"]["repeats"][0]["pairs"] == 2
+    prov = d["paired_ttft"]["provenance"]   # computed later than the run: its own command, sha and inputs
+    assert "--paired-only" in prov["command"] and prov["git_sha"]
+    assert sorted(prov["records"]) == ["ours_0.json", "vllm_bench_0.json"]
+    ours = (tmp_path / "rec" / "ours_0.json").read_bytes()
+    assert prov["records"]["ours_0.json"] == {"sha256": hashlib.sha256(ours).hexdigest(), "bytes": len(ours)}
 
 
 def test_the_sample_is_filtered_by_the_served_folders_tokenizer(tmp_path):
