@@ -155,8 +155,8 @@ def served_tokenizer(model: str) -> Any:
     prompts, so a sample filtered by tiktoken held prompts that vLLM's loader replaced.)"""
     if not model or not (Path(model) / "tokenizer_config.json").is_file():
         return None
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(model, local_files_only=True, trust_remote_code=False)
+    from scalelab.core.hfmodel import load_tokenizer  # lazy: transformers takes seconds to import
+    return load_tokenizer(model)
 
 
 def workload(args: argparse.Namespace, path: Path) -> list[Request]:
