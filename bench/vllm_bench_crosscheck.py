@@ -386,6 +386,12 @@ def paired_ttft(records_dir: Path) -> dict:
             "how": "our TTFT minus vLLM's for the same prompt in one repeat's two runs (records in --records-dir)"}
 
 
+def recorded_pairing(records_dir: Path) -> dict:
+    """paired_ttft with what it read (each record file's sha256) and how (command, commit): it may be computed
+    long after the run, from records kept outside the repository."""
+    return {**paired_ttft(records_dir), "provenance": collect({"records": records_manifest(records_dir)})}
+
+
 def records_manifest(records_dir: Path) -> dict[str, dict]:
     """Each per-request record file of --records-dir by name: its sha256 and size (the files stay outside the
     repository; these find them again)."""
@@ -465,8 +471,7 @@ def run_on_own_server(args: argparse.Namespace, spec: ModelSpec, tmp: Path, data
 def main() -> None:
     args = parse_args()
     if args.paired_only:  # an earlier run's file, its records kept beside it: what was read and how, recorded
-        records = Path(args.records_dir)
-        pairing = {**paired_ttft(records), "provenance": collect({"records": records_manifest(records)})}
+        pairing = recorded_pairing(Path(args.records_dir))
         write_json(args.out, {**read_json(args.out), "paired_ttft": pairing})
         print(json.dumps(pairing, indent=1))
         return
@@ -493,7 +498,7 @@ def main() -> None:
     write_json(args.out, {"provenance": provenance, "config": vars(args), "model": model,
                           "workload": workload_summary, "goal_ratio_tolerance": args.tolerance,
                           "rows": [asdict(r) for r in rows], **cmp,
-                          **({"paired_ttft": paired_ttft(Path(args.records_dir))} if args.records_dir else {})})
+                          **({"paired_ttft": recorded_pairing(Path(args.records_dir))} if args.records_dir else {})})
     print(f"wrote {args.out}")
 
 
