@@ -3,6 +3,7 @@ end to end on the tiny model, and the across-seed aggregation by hand."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -132,7 +133,7 @@ def test_seeds_study_end_to_end(tmp_path):
     assert [r["delta"] for r in per] == pytest.approx([100 * s["delta"] for s in seeds])
     assert "| 0 |" in md.read_text() and "Across 2 seeds" in md.read_text()
     from scalelab.core.provenance import git_sha
-    assert agg["provenance"]["git_sha"] == git_sha() and "pytest" in agg["provenance"]["command"]
+    assert agg["provenance"]["git_sha"] == git_sha() and agg["provenance"]["command"] == " ".join(sys.argv)
 
 
 @pytest.mark.slow
