@@ -10,23 +10,14 @@ runs still answers it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 
 from scalelab.core.jsonio import read_json, write_json
 from scalelab.core.provenance import collect
+from vllm_bench_crosscheck import file_record, our_requests
 
 VLLM_BENCH_PROMPT_LIMIT = 1024  # vLLM's ShareGPT loader drops longer prompts (benchmarks/datasets)
-
-
-def our_prompt_tokens(record: dict, where: Path) -> list[int]:
-    """Our run's prompt counts in send order (request ids are send order), warm-up requests left out."""
-    try:
-        rows = sorted((r for r in record["requests"] if not r.get("warmup")), key=lambda r: r["request_id"])
-        return [int(r["prompt_tokens"]) for r in rows]
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{where}: not our per-request records ({e!r})") from e
 
 
 def their_prompt_tokens(record: dict, where: Path) -> list[int]:
@@ -46,10 +37,6 @@ def compare(ours: list[int], theirs: list[int]) -> dict:
             "over_vllm_bench_limit": sum(x > VLLM_BENCH_PROMPT_LIMIT for x in ours)}
 
 
-def file_record(p: Path) -> dict:
-    return {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "bytes": p.stat().st_size}
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("records_dir", type=Path)
@@ -58,7 +45,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="", help="write the comparison here (JSON) as well as printing it")
     args = ap.parse_args(argv)
     ours_p, theirs_p = args.records_dir / args.ours, args.records_dir / args.theirs
-    out = {**compare(our_prompt_tokens(read_json(ours_p), ours_p), their_prompt_tokens(read_json(theirs_p), theirs_p)),
+    ours = [int(r["prompt_tokens"]) for r in our_requests(ours_p)]
+    out = {**compare(ours, their_prompt_tokens(read_json(theirs_p), theirs_p)),
            "provenance": collect({"records": {p.name: file_record(p) for p in (ours_p, theirs_p)}})}
     if args.out:
         write_json(args.out, out)

@@ -399,12 +399,28 @@ def recorded_pairing(records_dir: Path) -> dict:
 def records_manifest(records_dir: Path) -> dict[str, dict]:
     """Each per-request record file of --records-dir by name: its sha256 and size (the files stay outside the
     repository; these find them again)."""
-    return {p.name: {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "bytes": p.stat().st_size}
-            for p in sorted(records_dir.glob("*.json"))}
+    return {p.name: file_record(p) for p in sorted(records_dir.glob("*.json"))}
+
+
+def file_record(p: Path) -> dict:
+    """A kept file's sha256 and size, by which a result computed from it names it."""
+    return {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "bytes": p.stat().st_size}
+
+
+def our_requests(ours_path: Path) -> list[dict]:
+    """Our kept run's requests in send order (request ids are send order), warm-up requests left out."""
+    try:
+        rows = sorted((r for r in read_json(ours_path)["requests"] if not r.get("warmup")),
+                      key=lambda r: r["request_id"])
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{ours_path}: not our per-request records ({e!r})") from e
+    if any("prompt_tokens" not in r for r in rows):
+        raise ValueError(f"{ours_path}: a request without 'prompt_tokens' (not our per-request records)")
+    return rows
 
 
 def _pair_repeat(k: int, ours_path: Path, d: dict) -> dict:
-    ours = sorted((r for r in read_json(ours_path)["requests"] if not r.get("warmup")), key=lambda r: r["request_id"])
+    ours = our_requests(ours_path)
     mine, theirs = [r["prompt_tokens"] for r in ours], list(d["input_lens"])
     blocks = difflib.SequenceMatcher(a=mine, b=theirs, autojunk=False).get_matching_blocks()
     pairs = [(b.a + j, b.b + j) for b in blocks for j in range(b.size)]
