@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,24 @@ def resolve_hardware(key: str, device_type: str | None = None) -> Hardware:
     return HARDWARE["cpu"] if device_type == "cpu" else detect_hardware()
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The host CPU's model name (Linux's /proc/cpuinfo), else platform.processor(). Recorded because a small
+    model's server is bound by its host's CPU (tokenizing, scheduling, streaming every token): the same GPU
+    on another host can serve it at another rate."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def host_description() -> dict:
     """What provenance records about the machine, whatever the accelerator."""
-    info = {"platform": platform.platform(), "machine": platform.machine(), "python": platform.python_version()}
+    info = {"platform": platform.platform(), "machine": platform.machine(), "python": platform.python_version(),
+            "cpu_model": cpu_model()}
     try:
         info["cpu_count"] = os.cpu_count()
         import torch  # lazy: torch takes seconds to import, and this module is used without it
