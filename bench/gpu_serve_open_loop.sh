@@ -160,24 +160,26 @@ part() {  # $1 = <model>-<what>
                   --repeats "$XC_REPEATS" --output-tokens 256 --prompt-max 1000 --scan-limit 2141 \
                   --tolerance 0.05 --out "$RUNS/$model-crosscheck/crosscheck.json" \
                   --records-dir "$RUNS/$model-crosscheck/records" ;;
-    search) read -r lo hi floor < <(search_bracket "$model")
+    search) read -r lo hi floor ceiling < <(search_bracket "$model")
             run "$PY" -m scalelab.cli serve search --config "$(config_of "$model")" $(common "$model") \
               --set "run.name=\"$model-search\"" --set "search.lo_rps=$lo" --set "search.hi_rps=$hi" \
-              --set "search.floor_rps=$floor" ;;
+              --set "search.floor_rps=$floor" --set "search.ceiling_rps=$ceiling" ;;
     *) echo "unknown part $1" >&2; return 1 ;;
   esac
   local rc=$?
   [ -d "$RUNS/$model-$what" ] && cp "$RUNS/servers/$model/server.json" "$RUNS/$model-$what/server.json" 2>/dev/null
   return $rc
 }
-search_bracket() {  # "lo hi floor" for model $1: the ladder's bracket, else the config's [search] bounds; the
-  local cfg lo hi  # config's lo is the floor the search steps down to when the ladder's lo misses on its repeats
+search_bracket() {  # "lo hi floor ceiling" for model $1: the ladder's bracket, else the config's [search] bounds;
+  local cfg lo hi  # the config's lo is the floor the search steps down to when the ladder's lo misses on its
+  # repeats, its hi the ceiling it steps up to when the ladder's hi meets (a ladder from another host)
   cfg=$(config_of "$1")
   read -r lo hi < <("$PY" -c "import tomllib,sys; s=tomllib.load(open(sys.argv[1],'rb'))['search']; \
 print(s['lo_rps'], s['hi_rps'])" "$cfg")
-  if [ -f "$RUNS/$1-ladder/rows.jsonl" ]; then  # the floor never above the bracket's bottom (a rung under lo)
-    "$PY" bench/serve_open_loop.py bracket "$RUNS/$1-ladder" "$lo" "$hi" | awk -v f="$lo" '{print $1, $2, ($1 < f ? $1 : f)}'
-  else echo "$lo $hi $lo"; fi
+  if [ -f "$RUNS/$1-ladder/rows.jsonl" ]; then  # floor <= the bracket's bottom, ceiling >= its top
+    "$PY" bench/serve_open_loop.py bracket "$RUNS/$1-ladder" "$lo" "$hi" |
+      awk -v f="$lo" -v c="$hi" '{print $1, $2, ($1 < f ? $1 : f), ($2 > c ? $2 : c)}'
+  else echo "$lo $hi $lo $hi"; fi
 }
 work() {
   local p t0

@@ -27,8 +27,12 @@ that row differs from vLLM's reported one only by definitions, and from ours onl
 Definitions, read from vllm 0.32's benchmarks/serve.py and benchmarks/lib/endpoint_request_func.py:
 - Output tokens: both take `usage.completion_tokens` from the final stream chunk (vLLM re-tokenizes the
   generated text only when usage is absent), so token counts agree exactly.
-- Duration: vLLM from before the first request task is created to after the last finishes; ours from the
-  first send to the last [DONE]. The gap is the task-creation and teardown time (sub-ms at this size).
+- Duration: vLLM from its start, before the first request task is created, to after the last finishes. In open
+  loop its first request waits one arrival gap after that start (its schedule is scaled so that the last of N
+  arrivals falls at N / rate), so N requests span N gaps; ours counts the same way (metrics.summarize,
+  from_origin): our client replays vLLM's send offsets from vLLM's start (`vllm_origin`), and its records are
+  read from there too. What remains between the two is vLLM's task creation and teardown (~3 ms on an H100).
+  A closed loop starts at its first send on both sides.
 - TTFT: vLLM stops at the first SSE chunk that has `choices`, even when its text is ""; ours at the first
   chunk with non-empty text. vLLM's server sends a chunk with empty text when a token ends inside a UTF-8
   character (the detokenizer holds the bytes back); random weights generate such byte tokens.
@@ -67,7 +71,7 @@ from scalelab.core.engines import EngineSpec, RunningServer, log_tail
 from scalelab.core.jsonio import read_json, write_json
 from scalelab.core.net import free_port
 from scalelab.core.provenance import collect
-from scalelab.serve.client import ClientConfig, RequestResult, run_closed_loop, run_open_loop
+from scalelab.serve.client import ClientConfig, RequestResult, result_from_dict, run_closed_loop, run_open_loop
 from scalelab.serve.metrics import spread, summarize
 from scalelab.serve.modeldir import make_model_dir
 from scalelab.serve.workload import LengthFilter, Request, first_exchange, sample_sharegpt, sharegpt_records
@@ -205,9 +209,22 @@ def run_ours(cfg: ClientConfig, requests: list[Request], args: argparse.Namespac
     return asyncio.run(run_closed_loop(cfg, requests, args.concurrency))
 
 
+def vllm_origin(d: dict) -> float:
+    """vLLM's run start on its send clock. In open loop it scales its gamma schedule so that the last of its N
+    arrivals falls N / rate after the start, the first one gap after it (benchmarks/serve.py, get_request): the
+    start is the last send minus N / rate (late by that send's lateness, ~1 ms), never after the first send.
+    A closed loop (rate inf, or none saved) starts at its first send."""
+    starts = d["start_times"]
+    rate = float(d.get("request_rate", math.inf))
+    if not math.isfinite(rate):
+        return min(starts)
+    return min(min(starts), max(starts) - len(starts) / rate)
+
+
 def send_offsets(d: dict) -> list[float]:
-    """vLLM's send time of each request after its first, in request order (--save-detailed start_times)."""
-    t0 = min(d["start_times"])
+    """vLLM's send time of each request after its start (`vllm_origin`), in request order (--save-detailed
+    start_times): the schedule our client replays, first gap included."""
+    t0 = vllm_origin(d)
     return [t - t0 for t in d["start_times"]]
 
 
@@ -226,8 +243,9 @@ def ms(seconds: float) -> float:
     return round(1e3 * seconds, 3)
 
 
-def figures_from_results(client: str, repeat: int, position: int, results: list[RequestResult]) -> RunFigures:
-    m = summarize(results)
+def figures_from_results(client: str, repeat: int, position: int, results: list[RequestResult],
+                         open_loop: bool = False) -> RunFigures:
+    m = summarize(results, from_origin=open_loop)
     ok = [r for r in results if r.success]
     chunks = sum(len(r.itl_s) + 1 for r in ok)
     tokens = sum(r.output_tokens for r in ok)
@@ -247,8 +265,8 @@ def vllm_latencies(d: dict) -> list[float]:
 
 
 def results_from_vllm(d: dict) -> list[RequestResult]:
-    """vLLM's per-request records as our RequestResult (send times relative to its first send)."""
-    t0 = min(d["start_times"])
+    """vLLM's per-request records as our RequestResult (send times relative to its start, `vllm_origin`)."""
+    t0 = vllm_origin(d)
     return [RequestResult(i, start - t0, ttft, tuple(itl), latency, out, prompt, success=not err, error=err)
             for i, (start, ttft, itl, latency, out, prompt, err) in enumerate(zip(
                 d["start_times"], d["ttfts"], d["itls"], vllm_latencies(d), d["output_lens"], d["input_lens"],
@@ -348,6 +366,7 @@ def measure(args: argparse.Namespace, url: str, model: str, requests: list[Reque
     schedule = send_offsets(vllm_run("warmup")[0]) if math.isfinite(args.rate) else None
     if schedule is None:
         run_ours(cfg, requests, args, None)
+    open_loop = schedule is not None
     rows: list[RunFigures] = []
     bench_cmd: list[str] = []
     for k in range(args.repeats):
@@ -358,15 +377,15 @@ def measure(args: argparse.Namespace, url: str, model: str, requests: list[Reque
                 results = run_ours(cfg, requests, args, schedule)
                 keep_records(args, f"ours_{k}", {"requests": [asdict(r) for r in results]})
                 dev = schedule_dev_ms({r.request_id: r.send_time_s for r in results}, requests, schedule)
-                rows.append(replace(figures_from_results("ours", k, position, results), **load,
+                rows.append(replace(figures_from_results("ours", k, position, results, open_loop), **load,
                                     schedule_dev_ms=dev))
             else:
                 d, bench_cmd = vllm_run(str(k))
                 dev = schedule_dev_ms({r.request_id: s for r, s in zip(requests, send_offsets(d))}, requests,
                                       schedule)
                 rows += [replace(figures_from_vllm(k, position, d), **load, schedule_dev_ms=dev),
-                         replace(figures_from_results("vllm_raw_ours_metrics", k, position, results_from_vllm(d)),
-                                 **load, schedule_dev_ms=dev)]
+                         replace(figures_from_results("vllm_raw_ours_metrics", k, position, results_from_vllm(d),
+                                                      open_loop), **load, schedule_dev_ms=dev)]
             print(f"repeat {k} {client}: {time.monotonic() - t:.1f} s", flush=True)
         if on_repeat is not None:
             on_repeat(rows, bench_cmd)
@@ -388,6 +407,52 @@ def paired_ttft(records_dir: Path) -> dict:
     signs = {np.sign(r["ttft_diff_ms_median"]) for r in out}
     return {"repeats": out, "one_sign_in_every_repeat": len(out) > 1 and len(signs) == 1,
             "how": "our TTFT minus vLLM's for the same prompt in one repeat's two runs (records in --records-dir)"}
+
+
+def ours_from_records(path: Path, schedule: list[float] | None) -> list[RequestResult]:
+    """Our kept run as RequestResult. In open loop its clock is set to open `schedule[0]` (vLLM's first gap)
+    before its first send: the run start for a run that replayed the schedule from vLLM's start (off by the
+    first send's lateness, which schedule_dev_ms bounds), and the same window for a run recorded before it
+    did, whose first send was its start."""
+    try:
+        results = [result_from_dict(r) for r in read_json(path)["requests"]]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not our per-request records ({e!r})") from e
+    if schedule is None or not results:
+        return results
+    shift = min(r.send_time_s for r in results) - schedule[0]
+    return [replace(r, send_time_s=r.send_time_s - shift) for r in results]
+
+
+def recomputed_rows(records_dir: Path, old_rows: list[dict], open_loop: bool) -> list[RunFigures]:
+    """Every row of an earlier run from its kept records with today's definitions; what the records cannot
+    give (position, load average, schedule deviation) is kept from the earlier rows."""
+    schedule = send_offsets(read_json(records_dir / "vllm_bench_warmup.json")) if open_loop else None
+    rows = []
+    for old in old_rows:
+        k, client, pos = old["repeat"], old["client"], old["position"]
+        if client == "ours":
+            fig = figures_from_results(client, k, pos, ours_from_records(records_dir / f"ours_{k}.json", schedule),
+                                       open_loop)
+        else:
+            d = read_json(records_dir / f"vllm_bench_{k}.json")
+            fig = (figures_from_vllm(k, pos, d) if client == "vllm_bench" else
+                   figures_from_results(client, k, pos, results_from_vllm(d), open_loop))
+        rows.append(replace(fig, load_avg_1m=old["load_avg_1m"], schedule_dev_ms=old["schedule_dev_ms"]))
+    return rows
+
+
+def recompute(args: argparse.Namespace) -> dict:
+    """--out rewritten from --records-dir: rows, comparison and pairing with today's definitions; the earlier
+    comparison kept under "before_recompute" with the commit that computed it."""
+    old = read_json(args.out)
+    records_dir = Path(args.records_dir)
+    rows = recomputed_rows(records_dir, old["rows"], math.isfinite(float(old["config"]["rate"])))
+    cmp = comparison(rows, old["goal_ratio_tolerance"])
+    before = {k: old[k] for k in ("rows", *cmp) if k in old}
+    return {**old, "rows": [asdict(r) for r in rows], **cmp, "paired_ttft": recorded_pairing(records_dir),
+            "before_recompute": {**before, "git_sha": old["provenance"].get("git_sha", "unknown")},
+            "recomputed": collect({"records": records_manifest(records_dir)})}
 
 
 def recorded_pairing(records_dir: Path) -> dict:
@@ -464,6 +529,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--records-dir", default="", help="keep every run's per-request records here")
     ap.add_argument("--paired-only", action="store_true",
                     help="measure nothing: add the request-by-request TTFT pairing of --records-dir to --out")
+    ap.add_argument("--recompute", action="store_true",
+                    help="measure nothing: recompute --out's rows and comparison from --records-dir")
     args = ap.parse_args()
     if bool(args.url) != bool(args.model):
         ap.error("--url and --model go together: the running server's URL and the folder it serves")
@@ -512,6 +579,11 @@ def write_report(args: argparse.Namespace, rows: list[RunFigures], bench_cmd: li
 
 def main() -> None:
     args = parse_args()
+    if args.recompute:
+        report = recompute(args)
+        write_json(args.out, report)
+        print_table([RunFigures(**r) for r in report["rows"]], report, report["goal_ratio_tolerance"])
+        return
     if args.paired_only:  # an earlier run's file, its records kept beside it: what was read and how, recorded
         pairing = recorded_pairing(Path(args.records_dir))
         write_json(args.out, {**read_json(args.out), "paired_ttft": pairing})

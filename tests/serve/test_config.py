@@ -39,6 +39,7 @@ def load(*overrides: str):
     ("model.dtype=int4", "model.dtype"),
     ("search.lo_rps=20", "search.lo_rps"),
     ("search.floor_rps=1000", "search.floor_rps"),
+    ("search.ceiling_rps=5", "search.ceiling_rps"),
     ("sweep.arrival_cv=-1", "sweep.arrival_cv"),
     ("cost.api_models=['']", "cost.api_models[0]"),
     ("sweep.bach=[1]", "sweep.bach"),

@@ -70,6 +70,17 @@ def test_summarize_hand_computed_run():
     assert m.goodput_rps == pytest.approx(2 / 4)
 
 
+def test_an_open_loops_duration_counts_from_the_run_start():
+    """vllm bench serve's convention: the clock starts one arrival gap before the first send, so n requests
+    span n gaps. Here the run starts at 0, the first measured request is sent at 0.5, the last ends at 4.5."""
+    rs = [rec(0, 0.2, 9.0, (9.0,), 9.0, 2, warmup=True),  # warm-up: its end (9.2) is not the run's
+          rec(1, 0.5, 0.1, (0.05, 0.05), 0.2, 3), rec(2, 2.5, 0.2, (0.1,), 2.0, 2)]
+    assert summarize(rs).duration_s == pytest.approx(4.0)                    # 0.5 -> 4.5
+    opened = summarize(rs, from_origin=True)
+    assert opened.duration_s == pytest.approx(4.5)                            # 0.0 -> 4.5
+    assert opened.output_tokens_per_s == pytest.approx(5 / 4.5)
+
+
 def test_cost_per_million_output_tokens():
     # 8 GPUs for 1800 s = 4 GPU-hours for 2M tokens -> 2 GPU-h per 1M; at $3/GPU-h -> $6 per 1M
     c = cost_per_1m_output(output_tokens=2_000_000, duration_s=1800, n_gpus=8, usd_per_gpu_hour=3.0)
@@ -128,6 +139,37 @@ def test_a_bracket_whose_bottom_misses_steps_down_to_the_floor_then_bisects():
     assert [p.rate_rps for p in find_max_rate(share, SLO(), 95.0, 120.0).probes] == [95.0]
     with pytest.raises(ValueError, match="floor_rps <= lo_rps"):
         find_max_rate(share, SLO(), 5.0, 10.0, floor_rps=6.0)
+
+
+def test_a_bracket_whose_top_meets_steps_up_to_the_ceiling_then_bisects():
+    # capacity 150 req/s; the bracket 95..120 came from a ladder on a slower host: 95 and 120 meet, double 120 ->
+    # 200 (the ceiling; misses), then bisect 120..200 geometrically: sqrt(120*200)=154.92 misses,
+    # sqrt(120*154.92)=136.35 meets, sqrt(136.35*154.92)=145.34 meets, sqrt(145.34*154.92)=150.05 misses;
+    # 150.05/145.34 - 1 = 3.2% <= 5%: stop at 145.34
+    share = lambda r: 1.0 if r <= 150.0 else 0.5
+    out = find_max_rate(share, SLO(attainment=0.9), 95.0, 120.0, rel_tol=0.05, max_probes=12, ceiling_rps=200.0)
+    assert [round(p.rate_rps, 2) for p in out.probes] == [95.0, 120.0, 200.0, 154.92, 136.35, 145.34, 150.05]
+    assert round(out.rate_rps, 2) == 145.34 and not out.lower_bound
+    # doubling: 20 -> 40 -> 80 -> 100 (the ceiling), all meet: the answer is the ceiling, a lower bound
+    top = find_max_rate(lambda r: 1.0, SLO(), 10.0, 20.0, ceiling_rps=100.0)
+    assert [p.rate_rps for p in top.probes] == [10.0, 20.0, 40.0, 80.0, 100.0]
+    assert top.rate_rps == 100.0 and top.lower_bound
+    # without a ceiling a top that meets is the answer, flagged as a bound; a ceiling under hi is refused
+    plain = find_max_rate(share, SLO(), 95.0, 120.0)
+    assert plain.rate_rps == 120.0 and plain.lower_bound and len(plain.probes) == 2
+    with pytest.raises(ValueError, match="ceiling_rps >= hi_rps"):
+        find_max_rate(share, SLO(), 5.0, 10.0, ceiling_rps=8.0)
+    # the probes left bound the step up as well
+    assert len(find_max_rate(lambda r: 1.0, SLO(), 1.0, 2.0, max_probes=4, ceiling_rps=1e6).probes) == 4
+
+
+def test_the_search_sentence_says_when_the_answer_is_only_a_bound():
+    from scalelab.serve.openloop import search_sentence
+    bound = search_sentence(find_max_rate(lambda r: 1.0, SLO(), 95.0, 120.0))
+    assert bound.startswith("highest rate meeting the SLO: at least 120 req/s, the highest probed")
+    found = search_sentence(find_max_rate(lambda r: 1.0 if r <= 150.0 else 0.5, SLO(), 95.0, 120.0,
+                                          ceiling_rps=200.0))
+    assert found.startswith("highest rate meeting the SLO: 145 req/s")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -285,7 +285,7 @@ def test_an_open_loop_request_waits_only_for_the_engine_not_for_a_client():
     pre, dec = sm.scalar_step_s(0, 0.0, 100, 100 * 101 / 2), sm.scalar_step_s(1, 101.0, 0, 0)
     assert spaced.step_s.tolist() == pytest.approx([pre, dec, pre, dec])
     assert spaced.ttft_s.tolist() == pytest.approx([r + pre, r + pre])     # each TTFT from its own send
-    assert spaced.duration_s == pytest.approx(1.0 + r + pre + dec)        # from the first send (t = 5 s)
+    assert spaced.duration_s == pytest.approx(6.0 + r + pre + dec)        # from the run start, not the first send
     at_once = simulate_run(sm, prompts, outputs, 0, 8, 8192, 0.99, r, send_times=np.zeros(2))
     closed = simulate_run(sm, prompts, outputs, 2, 8, 8192, 0.99, r)
     assert at_once.step_s.tolist() == pytest.approx(closed.step_s.tolist())
@@ -329,7 +329,7 @@ def test_sglangs_default_scheduler_predicts_longer_gaps_than_mixed_chunks():
         limits_for("sglang", {"max-running-requests": 256, "enable-mixed-chunk": True})
     assert not shipped.mixed_prefill and mixed.mixed_prefill and shipped.max_num_seqs == mixed.max_num_seqs == 256
     key = RowKey("sglang", 1, 0)
-    busy = [arrival_times(120, 10.0, seed) for seed in (1, 2)]
+    busy = [arrival_times(120, 12.0, seed) for seed in (1, 2)]
     alone = predict_open_row(m, "h200", key, prompts, outputs, busy, SLO(), 0.9, 3.5, CAL, limits=shipped).figures
     joint = predict_open_row(m, "h200", key, prompts, outputs, busy, SLO(), 0.9, 3.5, CAL, limits=mixed).figures
     assert alone.itl_p99_ms > 1.3 * joint.itl_p99_ms

@@ -110,6 +110,7 @@ def test_the_gpu_script_parses_and_its_dry_run_prints_each_parts_command(tmp_pat
     assert "sweep.rates=\\[34\\]" in sweeps[2] and "workload.ignore_eos=false" in sweeps[2]
     assert "serve search" in sweeps[3] and "search.lo_rps=26 --set search.hi_rps=34" in sweeps[3]
     assert "search.floor_rps=6.0" in sweeps[3]   # the config's lo: where a missing bracket bottom steps down to
+    assert "search.ceiling_rps=64.0" in sweeps[3]  # the config's hi: where a bracket top that meets steps up to
 
 
 def test_an_sglang_part_runs_its_twin_config_on_the_bundles_path(tmp_path):
@@ -161,4 +162,4 @@ def test_the_search_floor_is_never_above_the_brackets_bottom(tmp_path):
     ladder_folder(tmp_path / "runs" / "7b-ladder", {4.0: 1.0, 6.0: 0.5, 16.0: 0.2})
     out = dry(tmp_path, "7b-search")
     sweep = next(ln for ln in out.splitlines() if "scalelab.cli serve search" in ln)
-    assert "search.lo_rps=4 --set search.hi_rps=6 --set search.floor_rps=4" in sweep
+    assert "search.lo_rps=4 --set search.hi_rps=6 --set search.floor_rps=4 --set search.ceiling_rps=64.0" in sweep

@@ -237,10 +237,11 @@ def test_open_loop_rate_rows(mock, tmp_path):
                                            "cv": 1.0}
     assert rate_row.provenance["requests_per_repeat"] == 10  # max(min_requests 4, 40/s x 0.25 s)
     assert rate_row.figures.goodput_share == 1.0
-    # achieved: 10 completions from the first send to the last completion, one per repeat
+    # achieved: 10 completions from the repeat's start (its first send comes one arrival gap later) to the last
+    # completion, one per repeat
     got = rate_row.provenance["achieved_rps"]
     files = [[result_from_dict(d) for d in iter_jsonl(run / "requests" / f"vllm-tp4-r40-r{i}.jsonl")] for i in range(3)]
-    spans = [max(r.send_time_s + r.e2e_s for r in rs) - min(r.send_time_s for r in rs) for rs in files]
+    spans = [max(r.send_time_s + r.e2e_s for r in rs) for rs in files]
     assert got["n"] == 3 and got["mean"] == pytest.approx(sum(10 / s for s in spans) / 3)
     assert rate_row.provenance["tokens"] == {"prompt": sum(r.prompt_tokens for rs in files for r in rs),
                                              "output": 30 * OUT_TOKENS}
@@ -263,6 +264,7 @@ def test_rate_search_against_the_mock(mock, tmp_path):
                 "sweep.warmup_requests=0", "search.lo_rps=5", "search.hi_rps=20", *LOOSE_SLO]
     result = run_search(load_serve_config(None, settings), echo=lambda _: None)
     assert result.rate_rps == 20.0 and [p.rate_rps for p in result.probes] == [5.0, 20.0]  # the mock never saturates
+    assert result.lower_bound and read_json(tmp_path / "mock" / "search.json")["lower_bound"]  # no ceiling set
     assert [p.shares for p in result.probes] == [(1.0, 1.0)] * 2                    # search.repeats: 2 by default
     assert read_json(tmp_path / "mock" / "search.json")["rate_rps"] == 20.0
     strict = [*settings, "slo.itl_s=0.001", "run.name=strict"]  # 10 ms gaps can never meet 1 ms

@@ -7,6 +7,8 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from scalelab.core.jsonio import read_json, write_json
 from tests.bench_script import load_bench
 
@@ -61,6 +63,66 @@ def test_the_shared_schedule_and_each_runs_deviation_from_it():
     sent = {7: 0.001, 3: 0.252, 9: 0.7535}              # ours, by request id (results arrive in any order)
     assert xc.schedule_dev_ms(sent, requests, schedule) == 3.5
     assert xc.schedule_dev_ms(sent, requests, None) == 0.0
+
+
+def test_vllms_start_is_its_last_send_less_n_over_the_rate():
+    """vLLM scales its schedule so that the last of N arrivals falls N / rate after its start; the first waits
+    one gap. 3 requests at 1.5 req/s: the last at 102.0 puts the start at 100.0, the first gap at 0.03 s."""
+    d = {"start_times": [100.03, 100.5, 102.0], "request_rate": 1.5}
+    assert xc.vllm_origin(d) == 100.0
+    assert [round(x, 9) for x in xc.send_offsets(d)] == [0.03, 0.5, 2.0]
+    assert xc.vllm_origin({**d, "request_rate": "inf"}) == 100.03          # a closed loop: its first send
+    # a last send early by more than the first gap would put the start after the first send: clamped there
+    assert xc.vllm_origin({"start_times": [100.0, 100.5], "request_rate": 10.0}) == 100.0
+    results = xc.results_from_vllm({**d, "ttfts": [0.1] * 3, "itls": [[]] * 3, "output_lens": [1] * 3,
+                                    "input_lens": [5] * 3, "errors": [""] * 3})
+    assert [round(r.send_time_s, 9) for r in results] == [0.03, 0.5, 2.0]
+    m = xc.summarize(results, from_origin=True)     # start 0 -> the last request's end, 2.0 + 0.1
+    assert math.isclose(m.duration_s, 2.1) and math.isclose(xc.summarize(results).duration_s, 2.07)
+
+
+def test_a_recompute_reads_every_row_from_the_records_and_keeps_the_earlier_comparison(tmp_path):
+    """One open-loop repeat of each client at 2 req/s, 2 requests. vLLM's start is its last send less 2 / 2 =
+    1.0 s: warm-up sends at 50.1, 51.0 (first gap 0.1). Our run recorded before the client replayed that gap:
+    first send at 0.0, so its window opens 0.1 s before it; its last request ends at 0.9 + 0.4 = 1.3 -> 1.4 s."""
+    rec = tmp_path / "records"
+    write_json(rec / "vllm_bench_warmup.json", {"start_times": [50.1, 51.0], "request_rate": 2.0})
+    vllm = {"start_times": [10.1, 11.0], "request_rate": 2.0, "ttfts": [0.2, 0.3], "itls": [[0.1], [0.1]],
+            "output_lens": [2, 2], "input_lens": [7, 9], "errors": ["", ""], "completed": 2, "failed": 0,
+            "duration": 1.45, "total_output_tokens": 4, "output_throughput": 4 / 1.45, "median_ttft_ms": 250.0,
+            "p99_ttft_ms": 299.0, "median_itl_ms": 100.0, "p99_itl_ms": 100.0, "mean_tpot_ms": 100.0,
+            "median_e2el_ms": 350.0}
+    write_json(rec / "vllm_bench_0.json", vllm)
+    ours = [{"request_id": i, "send_time_s": s, "ttft_s": 0.2, "itl_s": [0.2], "e2e_s": 0.4, "output_tokens": 2,
+             "prompt_tokens": p, "success": True} for i, (s, p) in enumerate([(0.0, 7), (0.9, 9)])]
+    write_json(rec / "ours_0.json", {"requests": ours})
+    old_rows = [{"client": c, "repeat": 0, "position": i, "load_avg_1m": 0.5, "schedule_dev_ms": 1.0}
+                for i, c in enumerate(("ours", "vllm_bench", "vllm_raw_ours_metrics"))]
+    rows = xc.recomputed_rows(rec, old_rows, open_loop=True)
+    by = {r.client: r for r in rows}
+    assert math.isclose(by["ours"].duration_s, 1.4) and math.isclose(by["ours"].output_tokens_per_s, 4 / 1.4,
+                                                                        rel_tol=1e-3)
+    assert by["vllm_bench"].duration_s == 1.45                               # as vLLM saved it
+    assert math.isclose(by["vllm_raw_ours_metrics"].duration_s, 1.4)         # start 10.0 -> 11.0 + 0.3 + 0.1
+    assert all(r.load_avg_1m == 0.5 and r.schedule_dev_ms == 1.0 for r in rows)
+    closed = xc.recomputed_rows(rec, old_rows, open_loop=False)              # from the first send on both
+    assert math.isclose({r.client: r for r in closed}["ours"].duration_s, 1.3)
+    # the whole file: three repeats of the same records; the earlier comparison is kept beside the new one
+    for k in (1, 2):
+        write_json(rec / f"vllm_bench_{k}.json", vllm)
+        write_json(rec / f"ours_{k}.json", {"requests": ours})
+    out = tmp_path / "crosscheck.json"
+    earlier = {"rows": [{**r, "repeat": k} for k in range(3) for r in old_rows], "ratios": {"old": 1},
+               "config": {"rate": 2.0}, "goal_ratio_tolerance": 0.05, "provenance": {"git_sha": "abc"}}
+    write_json(out, earlier)
+    report = xc.recompute(argparse.Namespace(out=str(out), records_dir=str(rec)))
+    assert report["before_recompute"]["ratios"] == {"old": 1} and report["before_recompute"]["git_sha"] == "abc"
+    assert report["ratios_of_medians"]["vllm_raw_ours_metrics/vllm_bench"]["output_tokens_per_s"] == round(
+        round(4 / 1.4, 2) / round(4 / 1.45, 2), 4)                  # rows keep tokens/s to 2 decimals
+    assert len(report["rows"]) == 9 and report["paired_ttft"]["repeats"][0]["pairs"] == 2
+    write_json(rec / "ours_0.json", {"rows": []})
+    with pytest.raises(ValueError, match="not our per-request records"):
+        xc.recomputed_rows(rec, old_rows, open_loop=True)
 
 
 def test_vllm_records_with_and_without_saved_latencies():

@@ -249,12 +249,19 @@ class SearchSection:
     floor_rps: float = param(0.0, "when lo_rps itself misses, halve the rate down to this one before giving up "
                                   "(a bracket read off an earlier ladder can be wrong at its low end); 0: no "
                                   "step down, the search then finds no rate", ge=0.0)
+    ceiling_rps: float = param(0.0, "when hi_rps itself meets, double the rate up to this one until one misses, "
+                                    "then bisect (a bracket read off an earlier ladder, or another host, can be "
+                                    "wrong at its high end); 0: no step up, hi_rps is then the answer, a lower "
+                                    "bound", ge=0.0)
 
     def validate(self) -> None:
         if self.lo_rps >= self.hi_rps:
             raise ConfigError(f"config field 'search.lo_rps': {self.lo_rps} >= search.hi_rps={self.hi_rps}")
         if self.floor_rps > self.lo_rps:
             raise ConfigError(f"config field 'search.floor_rps': {self.floor_rps} > search.lo_rps={self.lo_rps}")
+        if 0 < self.ceiling_rps < self.hi_rps:
+            raise ConfigError(f"config field 'search.ceiling_rps': {self.ceiling_rps} < search.hi_rps="
+                              f"{self.hi_rps}")
 
 
 @dataclass

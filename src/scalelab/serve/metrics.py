@@ -1,7 +1,9 @@
 """Serving metrics from a list of RequestResult: pure functions, no I/O.
 
 Definitions (all over the measured requests: warm-up requests are dropped first):
-- duration: first send -> last completion (send_time_s + e2e_s), failed requests included.
+- duration: first send -> last completion (send_time_s + e2e_s), failed requests included; an open loop's
+  from the run start instead (from_origin: t = 0, one arrival gap before its first send, as `vllm bench
+  serve` counts), so n requests span n gaps.
 - throughput: successful requests / duration; output tokens (usage) / duration; (prompt + output) / duration.
 - TTFT, E2E: per successful request. ITL: every inter-chunk gap of every successful request, pooled.
   TPOT per request = (e2e - ttft) / (output_tokens - 1), for requests with >= 2 output tokens.
@@ -91,21 +93,24 @@ def measured(results: Sequence[RequestResult]) -> list[RequestResult]:
     return [r for r in results if not r.warmup]
 
 
-def duration_s(results: Sequence[RequestResult]) -> float:
+def duration_s(results: Sequence[RequestResult], from_origin: bool = False) -> float:
+    """First send (or, from_origin, the run start: send times are relative to it) -> last completion."""
     if not results:
         return 0.0
-    return max(r.send_time_s + r.e2e_s for r in results) - min(r.send_time_s for r in results)
+    start = 0.0 if from_origin else min(r.send_time_s for r in results)
+    return max(r.send_time_s + r.e2e_s for r in results) - start
 
 
 def _per_s(x: float, seconds: float) -> float:
     return x / seconds if seconds > 0 else math.nan
 
 
-def summarize(results: Sequence[RequestResult], slo: SLO = SLO()) -> RunMetrics:
-    """Every metric of one run; warm-up requests are excluded before anything is counted."""
+def summarize(results: Sequence[RequestResult], slo: SLO = SLO(), from_origin: bool = False) -> RunMetrics:
+    """Every metric of one run; warm-up requests are excluded before anything is counted. from_origin: the
+    duration counts from the run start (an open loop: see the module docstring), not from the first send."""
     rs = measured(results)
     ok = [r for r in rs if r.success]
-    dur = duration_s(rs)
+    dur = duration_s(rs, from_origin)
     out_tokens = sum(r.output_tokens for r in ok)
     good = sum(meets_slo(r, slo) for r in rs)
     return RunMetrics(
@@ -185,6 +190,12 @@ class RateSearch:
     probes: tuple[Probe, ...]  # in probe order, every repeat's share kept
     rule: str = "median"
 
+    @property
+    def lower_bound(self) -> bool:
+        """The answer is the highest rate probed and it met the SLO: no rate above it was tried, so the
+        highest rate meeting the SLO is at least this (the bracket's top, or the step-up's ceiling, met)."""
+        return self.rate_rps > 0 and all(p.rate_rps <= self.rate_rps for p in self.probes)
+
 
 def verdict_share(shares: Sequence[float], rule: str) -> float:
     """The one number a probe is judged by. "median": the median of its repeats' goodput shares (with 2 repeats
@@ -205,7 +216,7 @@ def rate_meets_slo(shares: Sequence[float], attainment: float, rule: str) -> boo
 
 def find_max_rate(run_at_rate: Callable[[float], float | Sequence[float]], slo: SLO, lo_rps: float, hi_rps: float,
                   rel_tol: float = 0.05, max_probes: int = 12, rule: str = "median",
-                  floor_rps: float | None = None) -> RateSearch:
+                  floor_rps: float | None = None, ceiling_rps: float | None = None) -> RateSearch:
     """The highest request rate that meets the SLO, by bisection on log(rate) (midpoint = geometric mean),
     assuming the share falls as the rate rises. `run_at_rate(rate)` runs the load (its repeats) and returns the
     goodput share of each repeat (`summarize(...).goodput_share` at that `slo`), or one share for one run;
@@ -215,11 +226,16 @@ def find_max_rate(run_at_rate: Callable[[float], float | Sequence[float]], slo: 
     repeats, the search's own repeats there miss (near the knee a 5-15 s window is noisy). With `floor_rps`
     below `lo_rps`, a missing `lo` is not the answer: the search halves the rate (never below the floor) until one
     meets, then bisects between it and the lowest miss. Without a floor, or when the floor misses too, the
-    result is 0.0."""
+    result is 0.0. It can be wrong at its high end too (a ladder run on another host, whose CPU serves a small
+    model faster): with `ceiling_rps` above `hi_rps`, a `hi` that meets is not the answer: the search doubles
+    the rate (never above the ceiling) until one misses, then bisects. Without a ceiling, or when the ceiling
+    meets too, the answer is the highest rate probed, a lower bound (`RateSearch.lower_bound`)."""
     if not 0 < lo_rps < hi_rps:
         raise ValueError(f"find_max_rate: need 0 < lo_rps < hi_rps, got {lo_rps}, {hi_rps}")
     if floor_rps is not None and not 0 < floor_rps <= lo_rps:
         raise ValueError(f"find_max_rate: need 0 < floor_rps <= lo_rps, got {floor_rps}, {lo_rps}")
+    if ceiling_rps is not None and ceiling_rps < hi_rps:
+        raise ValueError(f"find_max_rate: need ceiling_rps >= hi_rps, got {ceiling_rps}, {hi_rps}")
     verdict_share((1.0,), rule)  # an unknown rule fails before any load is run
     probes: list[Probe] = []
 
@@ -239,11 +255,27 @@ def find_max_rate(run_at_rate: Callable[[float], float | Sequence[float]], slo: 
         if good is None:
             return result(0.0)
     elif probe(hi_rps):
-        return result(hi_rps)
+        good, bad = _step_up(probe, hi_rps, ceiling_rps, max_probes - len(probes))
+        if bad is None:
+            return result(good)
     while bad / good - 1 > rel_tol and len(probes) < max_probes:
         mid = math.sqrt(good * bad)  # geometric: rates worth probing span orders of magnitude
         good, bad = (mid, bad) if probe(mid) else (good, mid)
     return result(good)
+
+
+def _step_up(probe: Callable[[float], bool], hi_rps: float, ceiling_rps: float | None,
+             probes_left: int) -> tuple[float, float | None]:
+    """(the highest rate that met, the first that missed) doubling from `hi_rps` up to `ceiling_rps`; (the
+    highest that met, None) when none misses within the ceiling or the probes left."""
+    good = hi_rps
+    while ceiling_rps is not None and good < ceiling_rps and probes_left > 0:
+        rate = min(good * 2, ceiling_rps)
+        probes_left -= 1
+        if not probe(rate):
+            return good, rate
+        good = rate
+    return good, None
 
 
 def _step_down(probe: Callable[[float], bool], lo_rps: float, floor_rps: float | None,

@@ -250,7 +250,10 @@ def search_sentence(s: RateSearch) -> str:
     """The search's answer and every probe, as `scalelab serve search` prints them."""
     probes = ", ".join(f"{p.rate_rps:.3g}/s -> {'/'.join(f'{x:.0%}' for x in p.shares)}"
                        f" ({'meets' if p.meets else 'misses'})" for p in s.probes)
-    if s.rate_rps > 0:
+    if s.lower_bound:  # the top probe met: nothing above it was tried
+        answer = (f"highest rate meeting the SLO: at least {s.rate_rps:.3g} req/s, the highest probed ({s.rule} "
+                  f"share {s.share_at_rate:.0%}); no rate above it was tried (search.ceiling_rps)")
+    elif s.rate_rps > 0:
         answer = f"highest rate meeting the SLO: {s.rate_rps:.3g} req/s ({s.rule} share {s.share_at_rate:.0%})"
     else:  # even the lowest probe missed: the search found no rate, it does not say the capacity is zero
         low = min(s.probes, key=lambda p: p.rate_rps)

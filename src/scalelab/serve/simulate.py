@@ -34,7 +34,7 @@ class RunTrace:
     judged_gap_s: np.ndarray    # (n,) each request's slo.itl_quantile gap ("higher"), 0 without gaps
     step_s: np.ndarray          # (steps,) every engine step
     decoders: np.ndarray        # (steps,) gaps each step closed (one per decoding sequence)
-    duration_s: float           # first send -> last token
+    duration_s: float           # first send (an open loop: the run start) -> last token
     output_tokens: float
 
 
@@ -82,8 +82,8 @@ def simulate_run(sm: StepModel, prompts: np.ndarray, outputs: np.ndarray, batch:
     n = len(prompts)
     sent, first, start, early = np.zeros(n), np.zeros(n), np.zeros(n, dtype=int), np.zeros(n)
     nxt = min(batch, n) if send_times is None else n                 # an open loop sends nothing on a finish
-    if send_times is not None:
-        sent = np.asarray(send_times, dtype=float) - float(send_times[0])   # the client's clock starts at its first
+    if send_times is not None:   # from the run start, as the measured open loop counts (metrics: from_origin)
+        sent = np.asarray(send_times, dtype=float).copy()
     pending = deque((sent[i] + request_overhead_s, i) for i in range(nxt))  # (engine arrival time, request)
     queue, prefilling, finishing = deque(), [], []
     e, t, steps, decs = _Engine(), 0.0, [], []

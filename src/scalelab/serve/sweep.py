@@ -449,9 +449,11 @@ async def _run_load(client: ClientConfig, point: Point, reqs: Sequence[Request],
         await recorder.close()
 
 
-def repeat_figures(results: Sequence[RequestResult], tp: int, slo: SLO, usd_per_gpu_hour: float) -> RowFigures:
-    """One repeat's figures; warm-up requests excluded by the metrics."""
-    m = summarize(results, slo)
+def repeat_figures(results: Sequence[RequestResult], tp: int, slo: SLO, usd_per_gpu_hour: float,
+                   open_loop: bool = False) -> RowFigures:
+    """One repeat's figures; warm-up requests excluded by the metrics; an open loop's duration counts from the
+    repeat's start (its first arrival comes one gap later: workload.arrival_times)."""
+    m = summarize(results, slo, from_origin=open_loop)
     out_tokens = sum(r.output_tokens for r in measured(results) if r.success)
     cost = cost_per_1m_output(out_tokens, m.duration_s, tp, usd_per_gpu_hour)
     return RowFigures(m.output_tokens_per_s, 1e3 * m.ttft.p50_s, 1e3 * m.ttft.p99_s, 1e3 * m.itl.p50_s,
@@ -485,7 +487,7 @@ def measure_point(setup: Setup, server: RunningServer, point: Point, reqs: Point
     per_repeat, notes, runs = [], [], []
     for i, rep in enumerate(reqs.repeats):
         results = asyncio.run(_run_load(client, point, rep, files / f"{point.slug}-r{i}.jsonl", 0, seed + 1 + i))
-        figs = repeat_figures(results, point.key.tp, slo, setup.header.usd_per_gpu_hour)
+        figs = repeat_figures(results, point.key.tp, slo, setup.header.usd_per_gpu_hour, point.rate_rps is not None)
         setup.rd.log_event("repeat_done", point=point.slug, repeat=i, **asdict(figs))
         echo(f"  {point.slug} repeat {i + 1}/{len(reqs.repeats)}: {figs.throughput_tok_s:,.1f} tok/s, "
              f"p50 ITL {figs.itl_p50_ms:.2f} ms, goodput {figs.goodput_share:.0%}")
@@ -497,7 +499,8 @@ def measure_point(setup: Setup, server: RunningServer, point: Point, reqs: Point
         runs.append(results)
     figures, spreads = aggregate(per_repeat)
     prov["repeat_figures"] = [asdict(f) for f in per_repeat]  # in run order: the rate search judges these
-    prov.update(measured_load(runs, [r for rep in reqs.repeats for r in rep], setup.cfg.workload.ignore_eos))
+    prov.update(measured_load(runs, [r for rep in reqs.repeats for r in rep], setup.cfg.workload.ignore_eos,
+                              point.rate_rps is not None))
     return Row(point.key, "ok", figures, spreads, "; ".join(n for n in notes if n), prov)
 
 
@@ -507,12 +510,12 @@ def _lengths(values: Sequence[int]) -> dict[str, float]:
             "max": float(a.max())}
 
 
-def measured_load(runs: Sequence[Sequence[RequestResult]], sent: Sequence[Request], ignore_eos: bool
-                  ) -> dict[str, Any]:
+def measured_load(runs: Sequence[Sequence[RequestResult]], sent: Sequence[Request], ignore_eos: bool,
+                  open_loop: bool = False) -> dict[str, Any]:
     """What a row's repeats achieved beside what was offered: completed requests/s (spread over repeats), the
     prompt and output tokens of its successful requests (the input:output ratio an API would bill), and its
     output lengths against the trace's (equal with ignore_eos; with EOS honoured, the lengths the model chose)."""
-    rps = [summarize(rs).request_throughput_rps for rs in runs]
+    rps = [summarize(rs, from_origin=open_loop).request_throughput_rps for rs in runs]
     ok = [r for rs in runs for r in measured(rs) if r.success]
     asked = {q.request_id: q.output_tokens for q in sent}
     got = [r.output_tokens for r in ok]
@@ -651,7 +654,7 @@ def run_search(cfg: ServeConfig, engine: str = "", tp: int = 0, echo: Echo = pri
                 return [0.0] * s.repeats
             return [f["goodput_share"] for f in row.provenance["repeat_figures"]]
         result = find_max_rate(shares_at, setup.slo, s.lo_rps, s.hi_rps, s.rel_tol, s.max_probes, s.rule,
-                               s.floor_rps or None)
+                               s.floor_rps or None, s.ceiling_rps or None)
     write_json(setup.rd.path / "search.json", search_record(result, engine, tp, s.repeats, setup.slo))
     setup.rd.log_event("search_done", engine=engine, tp=tp, rate_rps=result.rate_rps)
     render(setup.rd)
@@ -660,4 +663,5 @@ def run_search(cfg: ServeConfig, engine: str = "", tp: int = 0, echo: Echo = pri
 
 def search_record(result: RateSearch, engine: str, tp: int, repeats: int, slo: SLO) -> dict[str, Any]:
     """search.json: the found rate, the rule and every probe with each repeat's share (the rows hold the rest)."""
-    return {"engine": engine, "tp": tp, "repeats": repeats, **asdict(result), "slo": asdict(slo)}
+    return {"engine": engine, "tp": tp, "repeats": repeats, **asdict(result), "lower_bound": result.lower_bound,
+            "slo": asdict(slo)}

@@ -172,10 +172,12 @@ def gamma_shape_for_cv(cv: float) -> float:
 
 def arrival_times(n: int, rate_rps: float, seed: int, burstiness: float = 1.0, cv: float | None = None
                   ) -> np.ndarray:
-    """Send times in s from the run start, first at 0. Gaps are gamma with shape k = burstiness and mean
-    1/rate (vLLM's convention): k = 1 is a Poisson process, k < 1 burstier (CV = 1/sqrt(k) > 1), k > 1
-    smoother. `cv` instead sets the gaps' coefficient of variation (k = 1/cv^2). rate = inf sends everything at
-    t = 0."""
+    """Send times in s from the run start, the first one gap after it (as `vllm bench serve` schedules): n
+    requests span n gaps, so an idle server's request throughput, counted from the run start
+    (metrics.summarize's from_origin), is the offered rate, not n/(n-1) times it. Gaps are gamma with shape
+    k = burstiness and mean 1/rate (vLLM's convention): k = 1 is a Poisson process, k < 1 burstier
+    (CV = 1/sqrt(k) > 1), k > 1 smoother. `cv` instead sets the gaps' coefficient of variation (k = 1/cv^2).
+    rate = inf sends everything at t = 0."""
     if cv is not None:
         if burstiness != 1.0:
             raise ValueError(f"arrival_times: both burstiness ({burstiness}) and cv ({cv}) given; give one")
@@ -186,8 +188,8 @@ def arrival_times(n: int, rate_rps: float, seed: int, burstiness: float = 1.0, c
         return np.zeros(n)
     if rate_rps <= 0 or burstiness <= 0:
         raise ValueError(f"arrival_times: rate_rps ({rate_rps}) and burstiness ({burstiness}) must be > 0")
-    gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=1.0 / (rate_rps * burstiness), size=n - 1)
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=1.0 / (rate_rps * burstiness), size=n)
+    return np.cumsum(gaps)
 
 
 WORKLOADS: dict[str, Callable[..., list[Request]]] = {
