@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalelab.core.jsonio import read_json
+from scalelab.core.jsonio import is_stored, read_json
 
 # What a round's results.json holds, in the order the kinds were introduced; the readings of docs_speed.py use them.
 KINDS = ("goal",            # the goal, the first variant table and the first quality check
@@ -59,7 +59,7 @@ def load_round(root: Path, folder: Path, name: str, kind: str) -> Round:
     if kind not in KINDS:
         raise ValueError(f"{folder}: round kind {kind!r} is not one of {', '.join(KINDS)}")
     path = folder / "results.json"
-    if not path.is_file():
+    if not is_stored(path):  # plain or packed (core.recordgz)
         raise FileNotFoundError(f"round {name}: {path} does not exist")
     doc = read_json(path)
     for entry in [*doc.get("profiles", {}).values(), doc.get("gemm")]:
