@@ -208,6 +208,7 @@ prep() {  # here: one chunk set holding the ShareGPT head, the GGUF and the whee
 }
 setup() {  # $1 = the folder holding the chunk set's manifest and chunks; $2 = the SGLang bundle's parts (optional)
   local t0=$SECONDS
+  run rm -rf /tmp/serve-carry   # a second setup on the machine (another chunk set): join refuses an existing path
   run "$PY" -m scalelab.core.chunks join /tmp/serve-carry "$1" || return 1
   run "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/serve-carry/whl/*.whl || return 1
   run mkdir -p "$DATA" "$SCALELAB_CACHE/$(dirname "$GGUF_REL")"

@@ -142,6 +142,9 @@ def test_setup_checks_the_tokenizer_and_unpacks_then_probes_sglang(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert any("default_tokenizer_dir" in ln for ln in lines)          # a chunk set without the wheel stops here
+    clear = next(i for i, ln in enumerate(lines) if ln.endswith("rm -rf /tmp/serve-carry"))
+    join = next(i for i, ln in enumerate(lines) if "scalelab.core.chunks join /tmp/serve-carry" in ln)
+    assert clear < join     # a second setup on the same machine does not stop at the first one's joined carry
     unpack = next(i for i, ln in enumerate(lines) if "sglang_bundle.sh unpack /tmp/sgl" in ln)
     probe = next(i for i, ln in enumerate(lines) if "sglang_bundle.sh probe" in ln)
     assert unpack < probe and "DEST=/tmp/sglang-site" in lines[unpack]
