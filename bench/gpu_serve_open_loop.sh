@@ -24,6 +24,8 @@
 #   bash bench/gpu_serve_open_loop.sh setup CHUNK_DIR [SGLANG_DIR]   join the chunk set, install, dequantize the
 #                                                        0.5B; with SGLANG_DIR, unpack and probe the SGLang bundle
 #   bash bench/gpu_serve_open_loop.sh restore TGZ        unpack an earlier serve.tgz into $RUNS (resume elsewhere)
+#   bash bench/gpu_serve_open_loop.sh ladders DIR...      committed ladder folders (config.toml, rows.jsonl[.xz])
+#                                                        into $RUNS, so a *-search part is bracketed by them
 #   bash bench/gpu_serve_open_loop.sh launch             start `work` in a session of its own (it outlives the call)
 #   bash bench/gpu_serve_open_loop.sh poll SECONDS       wait up to SECONDS (or until work ends), pack $OUT/serve.tgz
 #   bash bench/gpu_serve_open_loop.sh work               the parts in order, in the foreground
@@ -230,6 +232,16 @@ setup_sglang() {  # $1 = the SGLang bundle's parts: unpack, then list what its s
   run env DEST="$SGLANG_SITE" bash "$1/sglang_bundle.sh" unpack "$1" || { echo "SGLang bundle: unpack failed"; return 1; }
   run env DEST="$SGLANG_SITE" bash "$1/sglang_bundle.sh" probe "$RUNS/sglang-probe.json" 2>&1 | tail -15
 }
+ladders() {  # committed ladder folders -> $RUNS/<name>/ with their config and plain rows (the bracket's input)
+  local d dst
+  for d in "$@"; do
+    dst="$RUNS/$(basename "$d")"
+    mkdir -p "$dst" && cp "$d/config.toml" "$dst/" || return 1
+    if [ -f "$d/rows.jsonl" ]; then cp "$d/rows.jsonl" "$dst/"
+    else xz -dc "$d/rows.jsonl.xz" > "$dst/rows.jsonl" || return 1; fi
+    echo "ladder $(basename "$d"): $(wc -l < "$dst/rows.jsonl") rows from $d"
+  done
+}
 pack() {  # every run folder without engine caches or model weights, one tgz (a call brings back few files)
   mkdir -p "$OUT"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RUNS/gpu.csv" 2>&1
@@ -260,11 +272,12 @@ case "${1:-}" in
   bundle) run bash .gpu-bundle/unpack.sh | tail -1 ;;
   setup) setup "${2:?usage: bash bench/gpu_serve_open_loop.sh setup CHUNK_DIR [SGLANG_DIR]}" "${3:-}" ;;
   restore) run tar -C "$RUNS" -xzf "${2:?usage: bash bench/gpu_serve_open_loop.sh restore TGZ}" && rm -f "$RUNS/work.done" ;;
+  ladders) shift; ladders "$@" ;;
   launch) rm -f "$RUNS/work.done"; echo "${SCALELAB_GIT_SHA:-unknown}" > "$RUNS/git_sha"; cd "$(bash bench/snapshot.sh "${TREE:-/tmp/tree-serve}")" || exit 1
           setsid nohup bash "$0" work > "$RUNS/work.log" 2>&1 < /dev/null &
           sleep 2; echo "launched work (pid $!), parts: $PARTS" ;;
   work) work ;;
   poll) poll "${2:?usage: bash bench/gpu_serve_open_loop.sh poll SECONDS}" ;;
   *) echo "usage: bash bench/gpu_serve_open_loop.sh prep [CHUNK_DIR] | bundle | setup CHUNK_DIR | restore TGZ |" \
-          "launch | work | poll SECONDS   (DRY_RUN=1 prints the commands)" >&2; exit 2 ;;
+          "ladders DIR... | launch | work | poll SECONDS   (DRY_RUN=1 prints the commands)" >&2; exit 2 ;;
 esac

@@ -166,3 +166,27 @@ def test_the_search_floor_is_never_above_the_brackets_bottom(tmp_path):
     out = dry(tmp_path, "7b-search")
     sweep = next(ln for ln in out.splitlines() if "scalelab.cli serve search" in ln)
     assert "search.lo_rps=4 --set search.hi_rps=6 --set search.floor_rps=4 --set search.ceiling_rps=64.0" in sweep
+
+
+def test_committed_ladders_bracket_the_searches(tmp_path):
+    """`ladders` puts committed ladder folders (rows plain or xz) into $RUNS; the searches then take their brackets
+    from them, and the config's bounds as floor and ceiling."""
+    runs = tmp_path / "runs"
+    env = {**os.environ, "PY": sys.executable, "RUNS": str(runs)}
+    out = subprocess.run(["bash", str(SCRIPT), "ladders", "results/h100/serve/open-loop-1/05b-ladder",
+                          "results/h100/serve/open-loop-4/05bsg-ladder"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "ladder 05bsg-ladder: 6 rows" in out.stdout
+    assert (runs / "05b-ladder" / "config.toml").is_file() and (runs / "05bsg-ladder" / "rows.jsonl").is_file()
+    work = subprocess.run(["bash", str(SCRIPT), "work"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**env, "DRY_RUN": "1", "PARTS": "05b-search 05bsg-search",
+                               "MODEL_7B": str(tmp_path / "m")}).stdout
+    searches = [ln for ln in work.splitlines() if "scalelab.cli serve search" in ln]
+    assert "search.lo_rps=95 --set search.hi_rps=142.5" in searches[0]   # vLLM met every rung to 95: 1.5 x 95
+    assert "search.lo_rps=95 --set search.hi_rps=120" in searches[1]             # SGLang's: 95 met, 120 missed
+    assert all("search.floor_rps=8.0 --set search.ceiling_rps=200.0" in ln for ln in searches)
+    bad = subprocess.run(["bash", str(SCRIPT), "ladders", str(tmp_path / "absent")], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0
+
