@@ -414,10 +414,7 @@ def ours_from_records(path: Path, schedule: list[float] | None) -> list[RequestR
     before its first send: the run start for a run that replayed the schedule from vLLM's start (off by the
     first send's lateness, which schedule_dev_ms bounds), and the same window for a run recorded before it
     did, whose first send was its start."""
-    try:
-        results = [result_from_dict(r) for r in read_json(path)["requests"]]
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not our per-request records ({e!r})") from e
+    results = [result_from_dict(r) for r in our_requests(path)]
     if schedule is None or not results:
         return results
     shift = min(r.send_time_s for r in results) - schedule[0]
@@ -428,6 +425,7 @@ def recomputed_rows(records_dir: Path, old_rows: list[dict], open_loop: bool) ->
     """Every row of an earlier run from its kept records with today's definitions; what the records cannot
     give (position, load average, schedule deviation) is kept from the earlier rows."""
     schedule = send_offsets(read_json(records_dir / "vllm_bench_warmup.json")) if open_loop else None
+    vllm_runs: dict[int, dict] = {}   # each vLLM record feeds two rows (as printed, through our code): read once
     rows = []
     for old in old_rows:
         k, client, pos = old["repeat"], old["client"], old["position"]
@@ -435,7 +433,9 @@ def recomputed_rows(records_dir: Path, old_rows: list[dict], open_loop: bool) ->
             fig = figures_from_results(client, k, pos, ours_from_records(records_dir / f"ours_{k}.json", schedule),
                                        open_loop)
         else:
-            d = read_json(records_dir / f"vllm_bench_{k}.json")
+            if k not in vllm_runs:
+                vllm_runs[k] = read_json(records_dir / f"vllm_bench_{k}.json")
+            d = vllm_runs[k]
             fig = (figures_from_vllm(k, pos, d) if client == "vllm_bench" else
                    figures_from_results(client, k, pos, results_from_vllm(d), open_loop))
         rows.append(replace(fig, load_avg_1m=old["load_avg_1m"], schedule_dev_ms=old["schedule_dev_ms"]))
