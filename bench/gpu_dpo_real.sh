@@ -66,7 +66,9 @@
 #        "dpo-beta0.1,ipo-beta1"), BATTERY_JOBS (default 3; each process holds ~25 GB in lm-eval's MMLU batches
 #        and up to ~40 GB in a 256-prompt generate batch of MBPP's longest prompts: 2 if the GPU runs out),
 #        SEED (default /tmp/seed.tgz when setup left one), PAIRS_MAX_SEQS (default 2048), LM_EVAL_BS (the
-#        baseline's lm-eval batch, default 32: at 8 HellaSwag ran 235 requests/s),
+#        baseline's lm-eval batch, default 32: at 8 HellaSwag ran 235 requests/s), BASELINE_TASKS (the
+#        baseline's --tasks, default all; "mc" for the multiple-choice side alone when the generative tasks are
+#        stored elsewhere),
 #        CONFIG / HH_CONFIG (the two configs), SCALELAB_GIT_SHA (the commit, as the copied tree has no .git)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
@@ -74,7 +76,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/dpo-runs}; WORK_S=${WORK_S:-1140}; DATA=${DATA:-/tmp/data}
 PARTS=${PARTS:-"pairs sweep battery judge hh"}; BATTERY_JOBS=${BATTERY_JOBS:-3}
-PAIRS_MAX_SEQS=${PAIRS_MAX_SEQS:-2048}; LM_EVAL_BS=${LM_EVAL_BS:-32}
+PAIRS_MAX_SEQS=${PAIRS_MAX_SEQS:-2048}; LM_EVAL_BS=${LM_EVAL_BS:-32}; BASELINE_TASKS=${BASELINE_TASKS:-all}
 export SCALELAB_CACHE=${SCALELAB_CACHE:-/tmp/scalelab-cache} SCALELAB_SHARED_DATA=$DATA
 export PYTHONPATH=$PWD/src:/tmp/site:/tmp/vllm-site/site
 [[ -n ${SCALELAB_GIT_SHA:-} ]] || export SCALELAB_GIT_SHA=$(git rev-parse HEAD 2>/dev/null || echo unknown)
@@ -254,7 +256,8 @@ baseline() {  # the base model's own battery, each task stored when it ends (a c
   done_part baseline && return 0
   enough baseline 300 || return 0
   bounded python3 -m scalelab.cli evals battery --model "$NAME" --out "$RUNS/baseline-$NAME" --data-dir "$DATA" \
-    --tasks all --max-model-len 8192 --lm-eval-batch-size "$LM_EVAL_BS" >> "$LOGS/baseline.log" 2>&1 && mark baseline
+    --tasks "$BASELINE_TASKS" --max-model-len 8192 --lm-eval-batch-size "$LM_EVAL_BS" >> "$LOGS/baseline.log" 2>&1 &&
+    mark baseline
 }
 
 pack() {  # the run folders without weights, checkpoints or caches, as one archive (chunks past 15 MiB)
