@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from scalelab.core.engines import (NO_MULTICAST_ENV, EngineError, EngineSpec, RunningServer, build_command,
-                                   probe_ready, provenance)
+from scalelab.core.engines import (NO_MULTICAST_ENV, EngineError, EngineSpec, PortTakenError, RunningServer,
+                                   build_command, probe_ready, provenance)
 from scalelab.core.net import free_port
 from scalelab.serve.client import ClientConfig, run_closed_loop
 from scalelab.serve.workload import Request
@@ -126,6 +126,29 @@ def test_early_exit_raises_with_the_log_tail(tmp_path):
             pass
     assert "out of memory: fake" in str(err.value)
     assert time.monotonic() - t0 < 10  # the exit is noticed, not waited out to the timeout
+
+
+def test_a_server_that_loses_its_port_is_launched_again_on_another(tmp_path):
+    """A freshly picked free port taken before the server binds it (two launches racing) costs a relaunch on a
+    new port, not the run; without retries, or when every retry loses, the error says the port was taken."""
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE_SERVER)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        spec = EngineSpec("sglang", "/m", port=taken, launcher=(str(script),),
+                          env={"FAKE_ARGV_FILE": str(tmp_path / "argv.json")})
+        with pytest.raises(PortTakenError, match="Address already in use"):
+            with RunningServer(spec, tmp_path / "no-retry.log", ready_timeout_s=10, poll_s=0.05):
+                pass
+        with RunningServer(spec, tmp_path / "server.log", ready_timeout_s=10, poll_s=0.05, port_retries=1) as server:
+            moved = server.spec.port
+            assert moved != taken and server.url == f"http://127.0.0.1:{moved}" and probe_ready(server.url)
+            assert server.provenance["command"] == build_command(server.spec)
+            argv = json.loads((tmp_path / "argv.json").read_text())["argv"]
+            assert argv[argv.index("--port") + 1] == str(moved)  # the relaunch was told the new port
+        assert not _listening(moved)
 
 
 def test_never_ready_times_out_and_is_killed(tmp_path):

@@ -21,12 +21,13 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from scalelab.core import errors
 from scalelab.core.filelock import file_lock
+from scalelab.core.net import free_port
 
 # Shared GPU machines: NVLink multicast (NVLS / symmetric-memory multicast) must stay off for every child.
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -156,12 +157,26 @@ def engine_start_lock(folder: Path = Path(tempfile.gettempdir()) / "scalelab-loc
     return file_lock(folder / "vllm-engine-start.lock")
 
 
+class PortTakenError(EngineError):
+    """The server exited before it was ready because another process holds its port."""
+
+
+# what vLLM and SGLang print (Python's OSError, errno 98 on Linux) when their socket's bind fails
+PORT_TAKEN_MARKER = "Address already in use"
+# relaunches for a server whose port net.free_port picked: a pick loses its port only to a launch racing it
+PORT_RETRIES = 2
+
+
 class RunningServer:
     """`with RunningServer(spec, log_path) as server:` ... `server.url`. Or `RunningServer(url=...)` to use a
-    server already running (readiness check only; nothing launched, nothing killed)."""
+    server already running (readiness check only; nothing launched, nothing killed).
+    port_retries: for a spec whose port came from net.free_port, how many times a server that died on a taken
+    port is launched again on a newly picked one (another process can take a free port between the pick and the
+    server's bind: two test workers or two runs starting servers at once); url and provenance follow the move."""
 
     def __init__(self, spec: EngineSpec | None = None, log_path: str | Path | None = None, *, url: str = "",
-                 ready_timeout_s: float = 600.0, poll_s: float = 0.5, grace_s: float = 15.0):
+                 ready_timeout_s: float = 600.0, poll_s: float = 0.5, grace_s: float = 15.0,
+                 port_retries: int = 0):
         if (spec is None) == (not url):
             raise EngineError("give exactly one of spec (launch) or url (existing server)")
         if spec is not None and log_path is None:
@@ -169,18 +184,31 @@ class RunningServer:
         self.spec, self.url = spec, (url or spec.url).rstrip("/")
         self.log_path = Path(log_path) if log_path is not None else None
         self.ready_timeout_s, self.poll_s, self.grace_s = ready_timeout_s, poll_s, grace_s
+        self.port_retries = port_retries
         self.proc: subprocess.Popen | None = None
         self.provenance: dict[str, Any] = provenance(spec) if spec is not None else {"url": self.url}
 
     def __enter__(self) -> RunningServer:
-        if self.spec is not None:
-            self._launch()
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(self.port_retries + 1):
+            if self.spec is not None:
+                self._launch()
+            try:
+                self._wait_ready()
+                return self
+            except PortTakenError:
+                self.stop()
+                if attempt == self.port_retries:
+                    raise
+                self._move_to(free_port(self.spec.host))
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _move_to(self, port: int) -> None:
+        assert self.spec is not None
+        self.spec = replace(self.spec, port=port)
+        self.url, self.provenance = self.spec.url, provenance(self.spec)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -197,8 +225,10 @@ class RunningServer:
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise EngineError(f"{self._what()} exited with code {self.proc.returncode} before it was ready;"
-                                  f" last {LOG_TAIL_LINES} log lines:\n{self._tail()}")
+                tail = self._tail()
+                error = PortTakenError if PORT_TAKEN_MARKER in tail else EngineError
+                raise error(f"{self._what()} exited with code {self.proc.returncode} before it was ready;"
+                            f" last {LOG_TAIL_LINES} log lines:\n{tail}")
             if probe_ready(self.url):
                 return
             if time.monotonic() >= deadline:

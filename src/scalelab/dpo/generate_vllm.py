@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from scalelab.core import errors
-from scalelab.core.engines import EngineError, EngineSpec, FlagValue, RunningServer, engine_start_lock
+from scalelab.core.engines import (PORT_RETRIES, EngineError, EngineSpec, FlagValue, RunningServer,
+                                   engine_start_lock)
 from scalelab.core.hfgen import stop_token_ids
 from scalelab.core.http import get_json, post_json
 from scalelab.core.net import free_port
@@ -224,7 +225,7 @@ class VllmGenerator:
     def server(self) -> RunningServer:
         if self._server is None:
             server = RunningServer(self.plan.engine_spec(free_port()), self.plan.log_path,
-                                   ready_timeout_s=self.plan.ready_timeout_s)
+                                   ready_timeout_s=self.plan.ready_timeout_s, port_retries=PORT_RETRIES)
             with engine_start_lock():  # profiled alone: engines starting together misjudge the free memory
                 self._server = server.__enter__()
         return self._server

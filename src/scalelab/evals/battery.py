@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from scalelab.core import errors, models, provenance
-from scalelab.core.engines import EngineSpec, FlagValue, RunningServer, engine_start_lock
+from scalelab.core.engines import PORT_RETRIES, EngineSpec, FlagValue, RunningServer, engine_start_lock
 from scalelab.core.filelock import exclusive_or_fail
 from scalelab.core.gguf_cache import SOURCE_FILE
 from scalelab.core.http import get_json
@@ -149,7 +149,7 @@ def chat_server(cfg: BatteryConfig, model: ModelInfo, folder: BatteryFolder) -> 
                       extra_flags={**DEFAULT_ENGINE_FLAGS, **cfg.engine_flags}, python=cfg.python())
     with contextlib.ExitStack() as stack:
         with engine_start_lock():  # profiled alone: engines starting together misjudge the free memory
-            server = stack.enter_context(RunningServer(spec, folder.root / "vllm.log",
+            server = stack.enter_context(RunningServer(spec, folder.root / "vllm.log", port_retries=PORT_RETRIES,
                                                        ready_timeout_s=cfg.ready_timeout_s))
         yield ChatClient(server.url, model.folder, cfg.request_timeout_s, _exit_note(server)), server.provenance
 

@@ -31,7 +31,7 @@ import numpy as np
 from scalelab.calc.models import ModelSpec
 from scalelab.calc.presets import get_model
 from scalelab.core.config import ConfigError, read_toml, to_dict
-from scalelab.core.engines import EngineError, EngineSpec, RunningServer, log_tail
+from scalelab.core.engines import PORT_RETRIES, EngineError, EngineSpec, RunningServer, log_tail
 from scalelab.core.hardware import resolve_hardware
 from scalelab.core.jsonio import append_jsonl, is_stored, read_json, write_json
 from scalelab.core.net import free_port
@@ -386,7 +386,8 @@ def open_server(setup: Setup, engine: str, tp: int) -> RunningServer:
     if e.url:
         return RunningServer(url=e.url, ready_timeout_s=e.ready_timeout_s)
     log = setup.rd.path / "servers" / f"{engine}-tp{tp}.log"
-    return RunningServer(engine_spec(setup, engine, tp), log, ready_timeout_s=e.ready_timeout_s, poll_s=1.0)
+    return RunningServer(engine_spec(setup, engine, tp), log, ready_timeout_s=e.ready_timeout_s, poll_s=1.0,
+                         port_retries=PORT_RETRIES)
 
 
 def server_exit_error(server: RunningServer) -> str:
