@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from scalelab.core import engines
 from scalelab.core.engines import (NO_MULTICAST_ENV, EngineError, EngineSpec, PortTakenError, RunningServer,
                                    build_command, probe_ready, provenance)
 from scalelab.core.net import free_port
@@ -128,21 +129,27 @@ def test_early_exit_raises_with_the_log_tail(tmp_path):
     assert time.monotonic() - t0 < 10  # the exit is noticed, not waited out to the timeout
 
 
-def test_a_server_that_loses_its_port_is_launched_again_on_another(tmp_path):
-    """A freshly picked free port taken before the server binds it (two launches racing) costs a relaunch on a
-    new port, not the run; without retries, or when every retry loses, the error says the port was taken."""
+def test_a_server_that_loses_its_picked_port_is_launched_again_on_another(tmp_path, monkeypatch):
+    """A port the launcher picked (spec port 0) and another process took before the server bound it (two
+    launches racing) costs a relaunch on a new pick, not the run; a port the spec names is never moved, and a
+    server that dies on it says the port was taken."""
     script = tmp_path / "fake_sglang.py"
     script.write_text(FAKE_SERVER)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        spec = EngineSpec("sglang", "/m", port=taken, launcher=(str(script),),
-                          env={"FAKE_ARGV_FILE": str(tmp_path / "argv.json")})
+        env = {"FAKE_ARGV_FILE": str(tmp_path / "argv.json")}
+        named = EngineSpec("sglang", "/m", port=taken, launcher=(str(script),), env=env)
         with pytest.raises(PortTakenError, match="Address already in use"):
-            with RunningServer(spec, tmp_path / "no-retry.log", ready_timeout_s=10, poll_s=0.05):
+            with RunningServer(named, tmp_path / "named.log", ready_timeout_s=10, poll_s=0.05):
                 pass
-        with RunningServer(spec, tmp_path / "server.log", ready_timeout_s=10, poll_s=0.05, port_retries=1) as server:
+        picks = iter([taken])  # the first pick is the taken port, as when another launch won the race to it
+        monkeypatch.setattr(engines, "free_port", lambda host: next(picks, None) or free_port(host))
+        spec = EngineSpec("sglang", "/m", port=0, launcher=(str(script),), env=env)
+        server = RunningServer(spec, tmp_path / "server.log", ready_timeout_s=10, poll_s=0.05)
+        assert server.spec.port == taken and server.url == f"http://127.0.0.1:{taken}"
+        with server:
             moved = server.spec.port
             assert moved != taken and server.url == f"http://127.0.0.1:{moved}" and probe_ready(server.url)
             assert server.provenance["command"] == build_command(server.spec)

@@ -47,7 +47,7 @@ class EngineSpec:
     model: str  # HF folder or hub name
     tensor_parallel: int = 1
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = 8000  # 0: RunningServer picks a free one (net.free_port), and another if it is lost before the bind
     dtype: str = "auto"
     max_model_len: int | None = None  # None = the engine's default (the model's context length)
     load_format_dummy: bool = False  # random weights: measures the engine, not the checkpoint
@@ -163,33 +163,35 @@ class PortTakenError(EngineError):
 
 # what vLLM and SGLang print (Python's OSError, errno 98 on Linux) when their socket's bind fails
 PORT_TAKEN_MARKER = "Address already in use"
-# relaunches for a server whose port net.free_port picked: a pick loses its port only to a launch racing it
+# relaunches for a server whose port RunningServer picked (spec.port 0): a pick loses it only to a racing launch
 PORT_RETRIES = 2
 
 
 class RunningServer:
     """`with RunningServer(spec, log_path) as server:` ... `server.url`. Or `RunningServer(url=...)` to use a
     server already running (readiness check only; nothing launched, nothing killed).
-    port_retries: for a spec whose port came from net.free_port, how many times a server that died on a taken
-    port is launched again on a newly picked one (another process can take a free port between the pick and the
-    server's bind: two test workers or two runs starting servers at once); url and provenance follow the move."""
+    A spec with port 0 is given a free port here; a server that dies because another process took that port
+    between the pick and its bind (two test workers or two runs starting servers at once) is launched again on a
+    new pick, up to PORT_RETRIES times; spec, url and provenance follow the move. A port the spec names is kept."""
 
     def __init__(self, spec: EngineSpec | None = None, log_path: str | Path | None = None, *, url: str = "",
-                 ready_timeout_s: float = 600.0, poll_s: float = 0.5, grace_s: float = 15.0,
-                 port_retries: int = 0):
+                 ready_timeout_s: float = 600.0, poll_s: float = 0.5, grace_s: float = 15.0):
         if (spec is None) == (not url):
             raise EngineError("give exactly one of spec (launch) or url (existing server)")
         if spec is not None and log_path is None:
             raise EngineError("a launched server needs log_path")
+        self.port_retries = PORT_RETRIES if spec is not None and spec.port == 0 else 0
+        if self.port_retries:
+            spec = replace(spec, port=free_port(spec.host))
         self.spec, self.url = spec, (url or spec.url).rstrip("/")
         self.log_path = Path(log_path) if log_path is not None else None
         self.ready_timeout_s, self.poll_s, self.grace_s = ready_timeout_s, poll_s, grace_s
-        self.port_retries = port_retries
         self.proc: subprocess.Popen | None = None
         self.provenance: dict[str, Any] = provenance(spec) if spec is not None else {"url": self.url}
 
     def __enter__(self) -> RunningServer:
-        for attempt in range(self.port_retries + 1):
+        retries = self.port_retries
+        while True:
             if self.spec is not None:
                 self._launch()
             try:
@@ -197,13 +199,13 @@ class RunningServer:
                 return self
             except PortTakenError:
                 self.stop()
-                if attempt == self.port_retries:
+                if retries == 0:
                     raise
+                retries -= 1
                 self._move_to(free_port(self.spec.host))
             except BaseException:
                 self.stop()
                 raise
-        raise AssertionError("unreachable")
 
     def _move_to(self, port: int) -> None:
         assert self.spec is not None

@@ -26,11 +26,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from scalelab.core import errors
-from scalelab.core.engines import (PORT_RETRIES, EngineError, EngineSpec, FlagValue, RunningServer,
-                                   engine_start_lock)
+from scalelab.core.engines import EngineError, EngineSpec, FlagValue, RunningServer, engine_start_lock
 from scalelab.core.hfgen import stop_token_ids
 from scalelab.core.http import get_json, post_json
-from scalelab.core.net import free_port
 from scalelab.dpo.generate import Conversation, Generation, cut_at_stop, render_prompt_ids
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -224,8 +222,8 @@ class VllmGenerator:
 
     def server(self) -> RunningServer:
         if self._server is None:
-            server = RunningServer(self.plan.engine_spec(free_port()), self.plan.log_path,
-                                   ready_timeout_s=self.plan.ready_timeout_s, port_retries=PORT_RETRIES)
+            server = RunningServer(self.plan.engine_spec(0), self.plan.log_path,  # port 0: picked at launch
+                                   ready_timeout_s=self.plan.ready_timeout_s)
             with engine_start_lock():  # profiled alone: engines starting together misjudge the free memory
                 self._server = server.__enter__()
         return self._server

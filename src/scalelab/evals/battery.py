@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from scalelab.core import errors, models, provenance
-from scalelab.core.engines import PORT_RETRIES, EngineSpec, FlagValue, RunningServer, engine_start_lock
+from scalelab.core.engines import EngineSpec, FlagValue, RunningServer, engine_start_lock
 from scalelab.core.filelock import exclusive_or_fail
 from scalelab.core.gguf_cache import SOURCE_FILE
 from scalelab.core.http import get_json
 from scalelab.core.jsonio import read_json, write_json
-from scalelab.core.net import free_port
 from scalelab.evals.battery_chat import ChatClient, ReplyError, run_generate_task
 from scalelab.evals.battery_mc import device_and_dtype, run_mc_task
 from scalelab.evals.battery_plan import (GENERATE, GROUPS, MULTIPLE_CHOICE, GenSpec, check_data, default_data_dir,
@@ -145,11 +144,11 @@ def chat_server(cfg: BatteryConfig, model: ModelInfo, folder: BatteryFolder) -> 
         with RunningServer(url=cfg.server_url, ready_timeout_s=cfg.ready_timeout_s) as server:
             yield ChatClient(server.url, served_model(server.url), cfg.request_timeout_s), server.provenance
         return
-    spec = EngineSpec("vllm", model.folder, port=free_port(), max_model_len=cfg.max_model_len,
+    spec = EngineSpec("vllm", model.folder, port=0, max_model_len=cfg.max_model_len,
                       extra_flags={**DEFAULT_ENGINE_FLAGS, **cfg.engine_flags}, python=cfg.python())
     with contextlib.ExitStack() as stack:
         with engine_start_lock():  # profiled alone: engines starting together misjudge the free memory
-            server = stack.enter_context(RunningServer(spec, folder.root / "vllm.log", port_retries=PORT_RETRIES,
+            server = stack.enter_context(RunningServer(spec, folder.root / "vllm.log",
                                                        ready_timeout_s=cfg.ready_timeout_s))
         yield ChatClient(server.url, model.folder, cfg.request_timeout_s, _exit_note(server)), server.provenance
 

@@ -31,10 +31,9 @@ import numpy as np
 from scalelab.calc.models import ModelSpec
 from scalelab.calc.presets import get_model
 from scalelab.core.config import ConfigError, read_toml, to_dict
-from scalelab.core.engines import PORT_RETRIES, EngineError, EngineSpec, RunningServer, log_tail
+from scalelab.core.engines import EngineError, EngineSpec, RunningServer, log_tail
 from scalelab.core.hardware import resolve_hardware
 from scalelab.core.jsonio import append_jsonl, is_stored, read_json, write_json
-from scalelab.core.net import free_port
 from scalelab.core.readers import SourceError
 from scalelab.core.rundir import RunDir
 from scalelab.serve import model as analytic_model
@@ -376,7 +375,7 @@ def engine_env(cfg: ServeConfig, run_dir: Path) -> dict[str, str]:
 def engine_spec(setup: Setup, engine: str, tp: int) -> EngineSpec:
     e = setup.cfg.engine
     flags = {MEMORY_FLAGS[engine]: e.gpu_memory_utilization, **e.extra_flags}
-    return EngineSpec(engine, setup.model_path, tensor_parallel=tp, port=free_port(), dtype=setup.cfg.model.dtype,
+    return EngineSpec(engine, setup.model_path, tensor_parallel=tp, port=0, dtype=setup.cfg.model.dtype,
                       max_model_len=e.max_model_len or None, load_format_dummy=e.load_format_dummy,
                       extra_flags=flags, python=e.resolved_python(), env=engine_env(setup.cfg, setup.rd.path))
 
@@ -386,8 +385,7 @@ def open_server(setup: Setup, engine: str, tp: int) -> RunningServer:
     if e.url:
         return RunningServer(url=e.url, ready_timeout_s=e.ready_timeout_s)
     log = setup.rd.path / "servers" / f"{engine}-tp{tp}.log"
-    return RunningServer(engine_spec(setup, engine, tp), log, ready_timeout_s=e.ready_timeout_s, poll_s=1.0,
-                         port_retries=PORT_RETRIES)
+    return RunningServer(engine_spec(setup, engine, tp), log, ready_timeout_s=e.ready_timeout_s, poll_s=1.0)
 
 
 def server_exit_error(server: RunningServer) -> str:
