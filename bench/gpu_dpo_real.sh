@@ -66,7 +66,8 @@
 #        "dpo-beta0.1,ipo-beta1"), BATTERY_JOBS (default 3; each process holds ~25 GB in lm-eval's MMLU batches
 #        and up to ~40 GB in a 256-prompt generate batch of MBPP's longest prompts: 2 if the GPU runs out),
 #        SEED (default /tmp/seed.tgz when setup left one), PAIRS_MAX_SEQS (default 2048), LM_EVAL_BS (the
-#        baseline's lm-eval batch, default 32: at 8 HellaSwag ran 235 requests/s), BASELINE_TASKS (the
+#        baseline's lm-eval batch, default 16: at 8 HellaSwag ran 235 requests/s; at 32 MMLU's first batch asked
+#        for 26.5 GiB of log-softmax beside 58.6 GiB in use and ran out of an H100's memory), BASELINE_TASKS (the
 #        baseline's --tasks, default all; "mc" for the multiple-choice side alone when the generative tasks are
 #        stored elsewhere),
 #        CONFIG / HH_CONFIG (the two configs), SCALELAB_GIT_SHA (the commit, as the copied tree has no .git)
@@ -76,7 +77,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/dpo-runs}; WORK_S=${WORK_S:-1140}; DATA=${DATA:-/tmp/data}
 PARTS=${PARTS:-"pairs sweep battery judge hh"}; BATTERY_JOBS=${BATTERY_JOBS:-3}
-PAIRS_MAX_SEQS=${PAIRS_MAX_SEQS:-2048}; LM_EVAL_BS=${LM_EVAL_BS:-32}; BASELINE_TASKS=${BASELINE_TASKS:-all}
+PAIRS_MAX_SEQS=${PAIRS_MAX_SEQS:-2048}; LM_EVAL_BS=${LM_EVAL_BS:-16}; BASELINE_TASKS=${BASELINE_TASKS:-all}
 export SCALELAB_CACHE=${SCALELAB_CACHE:-/tmp/scalelab-cache} SCALELAB_SHARED_DATA=$DATA
 export PYTHONPATH=$PWD/src:/tmp/site:/tmp/vllm-site/site
 [[ -n ${SCALELAB_GIT_SHA:-} ]] || export SCALELAB_GIT_SHA=$(git rev-parse HEAD 2>/dev/null || echo unknown)
@@ -155,11 +156,18 @@ restore() {  # an earlier window's results (SEED, a runs.tgz), once per machine;
 }
 
 provenance() {  # one record per window: the commit, the window and the knobs
-  python3 -c "import json, sys, time; print(json.dumps({'command': 'SCALELAB_GIT_SHA=%s PARTS=\\'%s\\' WORK_S=%s bash '
-'bench/gpu_dpo_real.sh launch' % (sys.argv[1], sys.argv[3], sys.argv[2]), 'git_sha': sys.argv[1], 'started_unix': time.time(),
-'work_s': int(sys.argv[2]), 'parts': sys.argv[3].split(), 'sweep_only': sys.argv[4], 'battery_jobs': int(sys.argv[5]),
-'config': sys.argv[6], 'hh_config': sys.argv[7]}, indent=1))" "$SCALELAB_GIT_SHA" "$WORK_S" "$PARTS" \
-    "${SWEEP_ONLY:-}" "$BATTERY_JOBS" "$CONFIG" "$HH_CONFIG" > "$RUNS/provenance-window-$(date -u +%Y%m%dT%H%M%SZ).json"
+  python3 - "$SCALELAB_GIT_SHA" "$WORK_S" "$PARTS" "${SWEEP_ONLY:-}" "$BATTERY_JOBS" "$CONFIG" "$HH_CONFIG" \
+    "$BASELINE_TASKS" "$LM_EVAL_BS" > "$RUNS/provenance-window-$(date -u +%Y%m%dT%H%M%SZ).json" <<'PY'
+import json, sys, time
+sha, work_s, parts, only, jobs, config, hh, tasks, bs = sys.argv[1:]
+command = f"SCALELAB_GIT_SHA={sha} PARTS='{parts}' WORK_S={work_s}"
+if "baseline" in parts.split():
+    command += f" BASELINE_TASKS={tasks} LM_EVAL_BS={bs}"
+print(json.dumps({"command": command + " bash bench/gpu_dpo_real.sh launch", "git_sha": sha,
+                  "started_unix": time.time(), "work_s": int(work_s), "parts": parts.split(), "sweep_only": only,
+                  "battery_jobs": int(jobs), "config": config, "hh_config": hh, "baseline_tasks": tasks,
+                  "lm_eval_batch_size": int(bs)}, indent=1))
+PY
 }
 
 pairs() {  # the verifier set, sampled from the base through vLLM and graded by the GSM8K verifier

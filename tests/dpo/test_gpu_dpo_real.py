@@ -167,3 +167,21 @@ def test_stop_ends_the_running_part_cleanly_and_starts_no_other(tmp_path):
     assert subprocess.run(["pgrep", "-s", sid], capture_output=True).returncode == 1   # nothing of it is left
     assert (runs / "work.done").read_text().startswith("work stopped by `stop`")
     assert "no work running" in script("stop").stdout
+
+
+def test_each_window_records_the_baseline_knobs_it_ran_with(tmp_path):
+    """A window's provenance names what its `launch` line needs to be run again: the baseline's tasks and lm-eval
+    batch (the batch decides whether MMLU fits the GPU) beside PARTS and WORK_S; a part that does not fit the
+    window is not started."""
+    runs = tmp_path / "runs"
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "RUNS": str(runs), "SCALELAB_GIT_SHA": "ab" * 20,
+           "PARTS": "baseline", "WORK_S": "100", "BASELINE_TASKS": "mc", "LM_EVAL_BS": "8"}
+    done = subprocess.run(["bash", "bench/gpu_dpo_real.sh", "work"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (prov,) = [json.loads(p.read_text()) for p in runs.glob("provenance-window-*.json")]
+    assert prov["command"] == (f"SCALELAB_GIT_SHA={'ab' * 20} PARTS='baseline' WORK_S=100 BASELINE_TASKS=mc "
+                               "LM_EVAL_BS=8 bash bench/gpu_dpo_real.sh launch")
+    assert (prov["parts"], prov["work_s"], prov["baseline_tasks"], prov["lm_eval_batch_size"]) == (
+        ["baseline"], 100, "mc", 8)
+    assert "baseline: not started, " in (runs / "logs" / "work.log").read_text()
