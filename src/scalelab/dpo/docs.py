@@ -300,7 +300,7 @@ def _throughput(d: DocInputs) -> list[str]:
 
 
 def _base(d: DocInputs) -> list[str]:
-    return [line for folder, shown in d.base for line in base_md(folder, shown)]
+    return base_md(d.base) if d.base else []
 
 
 def render(d: DocInputs) -> str:
