@@ -2,7 +2,7 @@
 """Score the committed blind predictions (bench/pretrain_blind_predictions.py) against the runs that tested them.
 
     python bench/pretrain_blind_score.py results/h100/pretrain/blind-sizes            # reads predictions.json
-                                                                                       # and runs/<L..-d..-s..>/
+                                                                                       # and trained/<L..-d..-s..>/
 
 For each size: tokens/s, peak memory and final val loss, each as predicted (point and the interval fixed before the
 run), measured, the point error (measured / predicted - 1) and whether the interval holds the measurement. A run
@@ -95,11 +95,11 @@ def table(scored: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folder", type=Path, help="a blind-sizes folder: predictions.json and runs/")
-    ap.add_argument("--runs", type=Path, help="where the run folders are (default FOLDER/runs)")
+    ap.add_argument("folder", type=Path, help="a blind-sizes folder: predictions.json and trained/")
+    ap.add_argument("--runs", type=Path, help="where the run folders are (default FOLDER/trained)")
     args = ap.parse_args(argv)
     pred = read_json(args.folder / "predictions.json")
-    runs = args.runs or args.folder / "runs"
+    runs = args.runs or args.folder / "trained"
     scored = [score_size(s, read_measured(runs / run_name(s))) for s in pred["sizes"]]
     out = {"schema": "scalelab.blind_scores/1", "predictions_written_unix": pred["written_unix"],
            "predictions_git_sha": pred["git_sha"], "sizes": scored, "git_sha": git_sha(),

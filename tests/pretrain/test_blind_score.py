@@ -35,11 +35,11 @@ def folder(tmp_path: Path) -> Path:
     preds = {"written_unix": 1.0, "git_sha": "p" * 40,
              "sizes": [size("small", 2, 64, 1000.0, 10.0, 5.0), size("big", 4, 128, 500.0, 20.0, 4.0)]}
     (tmp_path / "predictions.json").write_text(json.dumps(preds))
-    done = tmp_path / "runs" / "L2-d64-s8"
+    done = tmp_path / "trained" / "L2-d64-s8"
     done.mkdir(parents=True)
     (done / "results.json").write_text(json.dumps({"steps": 8, "tokens_per_s": 1050.0, "peak_memory_gib": 11.5,
                                                    "final_val_loss": 5.25}))
-    cut = tmp_path / "runs" / "L4-d128-s8"
+    cut = tmp_path / "trained" / "L4-d128-s8"
     cut.mkdir()
     # steps 1-3 are warm-up (step 1 compiles); step 4 was run twice (a resume) and its later record counts
     lines = [train_event(1, 60000.0, 18.0), train_event(2, 150.0, 21.0), train_event(3, 190.0, 21.0),
@@ -70,7 +70,7 @@ def test_a_finished_and_a_cut_off_run_are_scored_by_hand(folder: Path, capsys):
 
 
 def test_a_size_never_run_is_named(folder: Path):
-    for f in (folder / "runs" / "L4-d128-s8").iterdir():
+    for f in (folder / "trained" / "L4-d128-s8").iterdir():
         f.unlink()
     with pytest.raises(FileNotFoundError, match="L4-d128-s8: neither results.json nor metrics.jsonl"):
         score.main([str(folder)])
@@ -79,6 +79,6 @@ def test_a_size_never_run_is_named(folder: Path):
 def test_the_committed_h100_scores_come_from_the_committed_runs(tmp_path: Path):
     committed = REPO / "results" / "h100" / "pretrain" / "blind-sizes"
     scored = read_json(committed / "scored.json")
-    again = [score.score_size(s, score.read_measured(committed / "runs" / score.run_name(s)))
+    again = [score.score_size(s, score.read_measured(committed / "trained" / score.run_name(s)))
              for s in read_json(committed / "predictions.json")["sizes"]]
     assert json.loads(json.dumps(again)) == scored["sizes"]

@@ -129,3 +129,16 @@ def test_unigram_baseline_is_scored_on_the_evaluated_val_tokens(tmp_path):
     assert unigram_baseline(cfg) == pytest.approx(expected)
     cfg.train.micro_batch_size = 3  # one short batch of the same two windows: the same tokens
     assert unigram_baseline(cfg) == pytest.approx(expected)
+
+
+def test_a_committed_run_with_its_metrics_packed_reports_the_same(tmp_path):
+    """Results folders keep metrics.jsonl xz-packed (core.recordgz); the report reads the packed file as the plain."""
+    import lzma
+    run = make_run(tmp_path)
+    plain = summarize(run)
+    metrics = run / "metrics.jsonl"
+    (run / "metrics.jsonl.xz").write_bytes(lzma.compress(metrics.read_bytes()))
+    metrics.unlink()
+    packed = summarize(run)
+    assert (packed.tokens_per_s, packed.final_val_loss, packed.steps, packed.peak_memory_gib) == (
+        plain.tokens_per_s, plain.final_val_loss, plain.steps, plain.peak_memory_gib) == (1100.0, 5.2, 8, 1.5)

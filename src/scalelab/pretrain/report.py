@@ -19,6 +19,7 @@ import numpy as np
 
 from scalelab.core import figures
 from scalelab.core.hardware import HARDWARE, get_hardware
+from scalelab.core.jsonio import is_stored
 from scalelab.core.numfmt import num
 from scalelab.core.rundir import RunDir
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
@@ -114,7 +115,7 @@ class ReportData:
 
 def read_events(run_dir: Path) -> list[dict]:
     rd = RunDir(run_dir)
-    if not rd.metrics_path.is_file():
+    if not is_stored(rd.metrics_path):   # as written, or packed (.gz/.xz) in a committed results folder
         raise FileNotFoundError(f"{rd.metrics_path}: not found; a report needs the run's metrics.jsonl "
                                 "(written by train_gpt.py)")
     return list(rd.events())
