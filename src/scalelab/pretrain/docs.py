@@ -20,6 +20,7 @@ from scalelab.core.numfmt import thousands as _k
 from scalelab.core.sections import Manifest, ManifestError, read_manifest, write_doc
 from scalelab.pretrain import calibrate as cal
 from scalelab.pretrain import docs_loss, docs_speed
+from scalelab.pretrain.docs_blind import blind_section
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
 from scalelab.pretrain.predict import workload
 from scalelab.pretrain.rounds import Rounds, load_round
@@ -41,6 +42,7 @@ class DocInputs:
     recipe_path: str                # as the manifest names it (printed)
     demo_path: str                  # the CPU demo's run folder, as the manifest names it (printed)
     demo: dict | None               # the CPU demo's results.json, when the run folder exists
+    blind: tuple[tuple[Path, str], ...] = ()    # blind-size prediction folders: (path, name printed)
     figures: tuple[tuple[str, str], ...] = ()   # (name, relative path) written beside the Markdown
 
     @property
@@ -75,7 +77,8 @@ def load_inputs(manifest: Manifest | str | Path) -> DocInputs:
                      ttt=_results(m, "loss", "ttt", required=False),
                      forecast=_results(m, "speed", "forecast", required=False),
                      recipe=load_pretrain_config(m.path_of(m.require("recipe"))), recipe_path=m.require("recipe"),
-                     demo_path=demo, demo=read_json(demo_results) if demo_results.is_file() else None)
+                     demo_path=demo, demo=read_json(demo_results) if demo_results.is_file() else None,
+                     blind=tuple((m.path_of(b), b) for b in m.get("blind", "folders", default=[])))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,7 +424,7 @@ def _not_measured(d: DocInputs) -> list[str]:
 def render(d: DocInputs) -> str:
     figure = lambda name, caption: _figure_line(d, name, caption)  # noqa: E731
     check = d.calibration.get("loss_ladder")
-    return "\n".join([*_intro(d), *_forms(d), *_calibration_table(d), *_predictions(d),
+    return "\n".join([*_intro(d), *_forms(d), *_calibration_table(d), *_predictions(d), *blind_section(d.blind),
                       *docs_loss.ladder_section(d.ladder, check, figure), *_variants(d), *_scaling(d),
                       *docs_loss.time_to_target(d.ttt, d.ladder, figure), *_recipe(d), *_loss_curve(d), *_cost(d),
                       *_not_measured(d)])

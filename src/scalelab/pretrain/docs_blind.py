@@ -1,0 +1,67 @@
+"""The write-up's section on blind predictions of model sizes never trained here: each folder's predictions.json
+(bench/pretrain_blind_predictions.py, committed before any run of those sizes) and, once the runs are in, its
+scored.json (bench/pretrain_blind_score.py), so the page shows a prediction beside its measurement only after the
+measurement exists.
+
+    blind_section(folders) -> list[str]     heading, one table per GPU folder, the count inside the intervals
+"""
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Sequence
+
+from scalelab.core.jsonio import is_stored, read_json
+
+
+def _value(x: float | None, quantity: str) -> str:
+    if x is None:
+        return "not measured"
+    return f"{x:,.0f}" if quantity == "tokens/s" else f"{x:.3f}" if "loss" in quantity else f"{x:.1f}"
+
+
+def _scored_rows(scored: dict) -> list[str]:
+    rows = ["| size | steps run | quantity | predicted (interval) | measured | error | inside |",
+            "|---|---:|---|---|---:|---:|---|"]
+    for s in scored["sizes"]:
+        steps = f"{s['measured']['steps']}" + ("" if s["measured"]["complete"] else " (cut off)")
+        for r in s["rows"]:
+            q = r["quantity"]
+            err = "—" if r["error"] is None else f"{100 * r['error']:+.1f}%"
+            inside = "—" if r["inside"] is None else ("yes" if r["inside"] else "**no**")
+            rows.append(f"| {s['size']} | {steps} | {q} | {_value(r['predicted'], q)} ({_value(r['low'], q)}–"
+                        f"{_value(r['high'], q)}) | {_value(r['measured'], q)} | {err} | {inside} |")
+    return rows
+
+
+def _folder_lines(folder: Path, shown: str) -> list[str]:
+    pred = read_json(folder / "predictions.json")
+    gpu = pred["sizes"][0]["prediction"]["hardware_name"]
+    when = datetime.datetime.fromtimestamp(pred["written_unix"], datetime.timezone.utc).strftime("%Y-%m-%d")
+    sizes = " and ".join(s["size"] for s in pred["sizes"])
+    head = [f"**{gpu}** (`{shown}/predictions.json`, written {when} at git {pred['git_sha'][:7]}): {sizes}."]
+    if not is_stored(folder / "scored.json"):
+        return head + ["", "Not run yet: the file names its run command; a later commit scores it.", ""]
+    scored = read_json(folder / "scored.json")
+    rows = [r for s in scored["sizes"] for r in s["rows"]]
+    measured = [r for r in rows if r["measured"] is not None]
+    missing = [f"{s['size']} {r['quantity']}" for s in scored["sizes"] for r in s["rows"] if r["measured"] is None]
+    tail = (f"{sum(r['inside'] for r in measured)} of {len(measured)} measured quantities inside their intervals "
+            f"(scored at git {scored['git_sha'][:7]} by `{scored['command']}`)"
+            + (f"; not measured: {', '.join(missing)}." if missing else "."))
+    return head + ["", *_scored_rows(scored), "", tail, ""]
+
+
+def blind_section(folders: Sequence[tuple[Path, str]]) -> list[str]:
+    """folders: (path, name as the page prints it), each holding predictions.json and, once run, scored.json."""
+    if not folders:
+        return []
+    lines = ["## Blind predictions of sizes never trained here", "",
+             "Tokens/s, peak memory and the final val loss of GPT-2 774M and 1.5B at the scaling ladder's 512-step "
+             "budget, predicted by the calibrated throughput and memory models and the ladder's L(N, D) fit, with "
+             "interval widths fixed from held-out errors, and committed before any run of either size; the "
+             "measurements come in a later commit, so the history shows which came first. Error = measured / "
+             "predicted - 1.", ""]
+    for path, shown in folders:
+        lines += _folder_lines(path, shown)
+    return lines

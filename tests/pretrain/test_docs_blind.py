@@ -1,0 +1,46 @@
+"""pretrain.docs_blind: a blind-prediction folder shows its scores only once scored.json exists, with the counts read
+from it; hand-made records."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from scalelab.pretrain.docs_blind import blind_section
+
+
+def predictions(gpu: str) -> dict:
+    return {"written_unix": 1796600000.0, "git_sha": "94996e8" + "0" * 33,
+            "sizes": [{"size": "774M", "prediction": {"hardware_name": gpu}}, {"size": "1.5B"}]}
+
+
+def row(q: str, p: float, lo: float, hi: float, m: float | None, inside: bool | None) -> dict:
+    return {"quantity": q, "predicted": p, "low": lo, "high": hi, "measured": m,
+            "error": None if m is None else m / p - 1, "inside": inside}
+
+
+def test_scored_and_unscored_folders(tmp_path: Path):
+    h100, h200 = tmp_path / "h100", tmp_path / "h200"
+    for folder, gpu in ((h100, "NVIDIA H100 SXM 80GB"), (h200, "NVIDIA H200 SXM 141GB")):
+        folder.mkdir()
+        (folder / "predictions.json").write_text(json.dumps(predictions(gpu)))
+    scored = {"git_sha": "abcdef0" + "1" * 33, "command": "python bench/pretrain_blind_score.py X", "sizes": [
+        {"size": "774M", "measured": {"steps": 512, "complete": True},
+         "rows": [row("tokens/s", 1000.0, 900.0, 1100.0, 950.0, True),
+                  row("peak memory GiB", 10.0, 9.0, 11.0, 12.0, False)]},
+        {"size": "1.5B", "measured": {"steps": 300, "complete": False},
+         "rows": [row("final val loss", 5.0, 4.5, 5.5, None, None)]}]}
+    (h100 / "scored.json").write_text(json.dumps(scored))
+    text = "\n".join(blind_section([(h100, "results/h100/x"), (h200, "results/h200/x")]))
+    assert text.count("## Blind predictions of sizes never trained here") == 1
+    assert "**NVIDIA H100 SXM 80GB** (`results/h100/x/predictions.json`, written 2026-12-06 at git 94996e8)" in text
+    assert "| 774M | 512 | tokens/s | 1,000 (900–1,100) | 950 | -5.0% | yes |" in text
+    assert "| 774M | 512 | peak memory GiB | 10.0 (9.0–11.0) | 12.0 | +20.0% | **no** |" in text
+    assert "| 1.5B | 300 (cut off) | final val loss | 5.000 (4.500–5.500) | not measured | — | — |" in text
+    assert "1 of 2 measured quantities inside their intervals (scored at git abcdef0 by" in text
+    assert "; not measured: 1.5B final val loss." in text
+    h200_part = text[text.index("**NVIDIA H200"):]
+    assert "Not run yet" in h200_part and "| size |" not in h200_part
+
+
+def test_no_folders_no_section():
+    assert blind_section([]) == []
