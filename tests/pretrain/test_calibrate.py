@@ -317,4 +317,6 @@ def test_docs_are_generated_from_the_results(tmp_path):
     for name in ("pretrain_ttt.png", "pretrain_ladder.png"):
         assert (tmp_path / "figures" / name).read_bytes()[:4] == b"\x89PNG"
     prose = [line for line in text.splitlines() if not line.startswith(("|", "    ", "!["))]  # not tables/figures
-    assert 1200 < len(" ".join(prose).split()) < 2200
+    # a bound on the generated prose (paths and command lines count as words); the blind-size section took it past
+    # 2,200; the write-up's rewrite as a ~1,500-word post moves the variant tables and their prose to an appendix
+    assert 1200 < len(" ".join(prose).split()) < 2350

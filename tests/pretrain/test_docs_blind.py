@@ -32,14 +32,14 @@ def test_scored_and_unscored_folders(tmp_path: Path):
     (h100 / "scored.json").write_text(json.dumps(scored))
     text = "\n".join(blind_section([(h100, "results/h100/x"), (h200, "results/h200/x")]))
     assert text.count("## Blind predictions of sizes never trained here") == 1
-    assert "**NVIDIA H100 SXM 80GB** (`results/h100/x/predictions.json`, written 2026-12-06 at git 94996e8)" in text
+    assert ("**NVIDIA H100 SXM 80GB** (`results/h100/x/predictions.json`, 774M and 1.5B, written 2026-12-06 at git "
+            "94996e8), scored by `python bench/pretrain_blind_score.py X`:") in text
     assert "| 774M | 512 | tokens/s | 1,000 (900–1,100) | 950 | -5.0% | yes |" in text
     assert "| 774M | 512 | peak memory GiB | 10.0 (9.0–11.0) | 12.0 | +20.0% | **no** |" in text
     assert "| 1.5B | 300 (cut off) | final val loss | 5.000 (4.500–5.500) | not measured | — | — |" in text
-    assert "1 of 2 measured quantities inside their intervals (scored at git abcdef0 by" in text
-    assert "; not measured: 1.5B final val loss." in text
+    assert "1 of 2 measured quantities inside their intervals; not measured: 1.5B final val loss." in text
     h200_part = text[text.index("**NVIDIA H200"):]
-    assert "Not run yet" in h200_part and "| size |" not in h200_part
+    assert "written 2026-12-06 at git 94996e8): not run yet." in h200_part and "| size |" not in h200_part
 
 
 def test_no_folders_no_section():

@@ -39,17 +39,16 @@ def _folder_lines(folder: Path, shown: str) -> list[str]:
     gpu = pred["sizes"][0]["prediction"]["hardware_name"]
     when = datetime.datetime.fromtimestamp(pred["written_unix"], datetime.timezone.utc).strftime("%Y-%m-%d")
     sizes = " and ".join(s["size"] for s in pred["sizes"])
-    head = [f"**{gpu}** (`{shown}/predictions.json`, written {when} at git {pred['git_sha'][:7]}): {sizes}."]
+    head = f"**{gpu}** (`{shown}/predictions.json`, {sizes}, written {when} at git {pred['git_sha'][:7]})"
     if not is_stored(folder / "scored.json"):
-        return head + ["", "Not run yet: the file names its run command; a later commit scores it.", ""]
+        return [head + ": not run yet.", ""]
     scored = read_json(folder / "scored.json")
     rows = [r for s in scored["sizes"] for r in s["rows"]]
     measured = [r for r in rows if r["measured"] is not None]
     missing = [f"{s['size']} {r['quantity']}" for s in scored["sizes"] for r in s["rows"] if r["measured"] is None]
-    tail = (f"{sum(r['inside'] for r in measured)} of {len(measured)} measured quantities inside their intervals "
-            f"(scored at git {scored['git_sha'][:7]} by `{scored['command']}`)"
+    tail = (f"{sum(r['inside'] for r in measured)} of {len(measured)} measured quantities inside their intervals"
             + (f"; not measured: {', '.join(missing)}." if missing else "."))
-    return head + ["", *_scored_rows(scored), "", tail, ""]
+    return [head + f", scored by `{scored['command']}`:", "", *_scored_rows(scored), "", tail, ""]
 
 
 def blind_section(folders: Sequence[tuple[Path, str]]) -> list[str]:
@@ -57,11 +56,8 @@ def blind_section(folders: Sequence[tuple[Path, str]]) -> list[str]:
     if not folders:
         return []
     lines = ["## Blind predictions of sizes never trained here", "",
-             "Tokens/s, peak memory and the final val loss of GPT-2 774M and 1.5B at the scaling ladder's 512-step "
-             "budget, predicted by the calibrated throughput and memory models and the ladder's L(N, D) fit, with "
-             "interval widths fixed from held-out errors, and committed before any run of either size; the "
-             "measurements come in a later commit, so the history shows which came first. Error = measured / "
-             "predicted - 1.", ""]
+             "Predicted (the models above and the ladder's law below, intervals fixed in advance) and committed "
+             "before any run of either size; measured in a later commit. Error = measured / predicted - 1.", ""]
     for path, shown in folders:
         lines += _folder_lines(path, shown)
     return lines
