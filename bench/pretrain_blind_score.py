@@ -19,6 +19,7 @@ from pathlib import Path
 
 from scalelab.core.jsonio import is_stored, iter_jsonl, read_json, write_json
 from scalelab.core.provenance import git_sha
+from scalelab.pretrain.docs_blind import scored_table
 
 GIB = 2 ** 30
 WARMUP_STEPS = 3   # the trainer's own skip (warm-up and compile steps)
@@ -73,26 +74,6 @@ def score_size(size: dict, measured: dict) -> dict:
     return {"size": size["size"], "run": run_name(size), "measured": measured, "rows": rows}
 
 
-def fmt(x: float | None, quantity: str) -> str:
-    if x is None:
-        return "not measured"
-    return f"{x:,.0f}" if quantity == "tokens/s" else f"{x:.3f}" if "loss" in quantity else f"{x:.2f}"
-
-
-def table(scored: list[dict]) -> str:
-    lines = ["| size | steps run | quantity | predicted (interval) | measured | error | inside |",
-             "|---|---:|---|---|---:|---:|---|"]
-    for s in scored:
-        steps = f"{s['measured']['steps']}" + ("" if s["measured"]["complete"] else " (cut off)")
-        for r in s["rows"]:
-            q = r["quantity"]
-            err = "—" if r["error"] is None else f"{100 * r['error']:+.1f}%"
-            inside = "—" if r["inside"] is None else ("yes" if r["inside"] else "no")
-            lines.append(f"| {s['size']} | {steps} | {q} | {fmt(r['predicted'], q)} ({fmt(r['low'], q)}–"
-                         f"{fmt(r['high'], q)}) | {fmt(r['measured'], q)} | {err} | {inside} |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="a blind-sizes folder: predictions.json and trained/")
@@ -105,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
            "predictions_git_sha": pred["git_sha"], "sizes": scored, "git_sha": git_sha(),
            "command": f"python bench/pretrain_blind_score.py {args.folder}"}
     write_json(args.folder / "scored.json", out)
-    print(table(scored))
+    print("\n".join(scored_table(scored, gib_digits=2, miss="no")))
     return 0
 
 

@@ -4,6 +4,7 @@ scored.json (bench/pretrain_blind_score.py), so the page shows a prediction besi
 measurement exists.
 
     blind_section(folders) -> list[str]     heading, one table per GPU folder, the count inside the intervals
+    scored_table(sizes) -> list[str]        a scored.json's rows as a Markdown table (the scorer prints it too)
 """
 from __future__ import annotations
 
@@ -14,23 +15,26 @@ from typing import Sequence
 from scalelab.core.jsonio import is_stored, read_json
 
 
-def _value(x: float | None, quantity: str) -> str:
+def _value(x: float | None, quantity: str, gib_digits: int) -> str:
     if x is None:
         return "not measured"
-    return f"{x:,.0f}" if quantity == "tokens/s" else f"{x:.3f}" if "loss" in quantity else f"{x:.1f}"
+    return f"{x:,.0f}" if quantity == "tokens/s" else f"{x:.3f}" if "loss" in quantity else f"{x:.{gib_digits}f}"
 
 
-def _scored_rows(scored: dict) -> list[str]:
+def scored_table(sizes: list[dict], gib_digits: int = 1, miss: str = "**no**") -> list[str]:
+    """scored.json's sizes as Markdown rows: predicted (interval), measured, error, inside; `miss` marks a
+    measurement outside its interval (the page bolds it; bench/pretrain_blind_score.py prints it plain)."""
     rows = ["| size | steps run | quantity | predicted (interval) | measured | error | inside |",
             "|---|---:|---|---|---:|---:|---|"]
-    for s in scored["sizes"]:
+    for s in sizes:
         steps = f"{s['measured']['steps']}" + ("" if s["measured"]["complete"] else " (cut off)")
         for r in s["rows"]:
             q = r["quantity"]
+            v = lambda x: _value(x, q, gib_digits)  # noqa: E731
             err = "—" if r["error"] is None else f"{100 * r['error']:+.1f}%"
-            inside = "—" if r["inside"] is None else ("yes" if r["inside"] else "**no**")
-            rows.append(f"| {s['size']} | {steps} | {q} | {_value(r['predicted'], q)} ({_value(r['low'], q)}–"
-                        f"{_value(r['high'], q)}) | {_value(r['measured'], q)} | {err} | {inside} |")
+            inside = "—" if r["inside"] is None else ("yes" if r["inside"] else miss)
+            rows.append(f"| {s['size']} | {steps} | {q} | {v(r['predicted'])} ({v(r['low'])}–{v(r['high'])}) | "
+                        f"{v(r['measured'])} | {err} | {inside} |")
     return rows
 
 
@@ -48,7 +52,7 @@ def _folder_lines(folder: Path, shown: str) -> list[str]:
     missing = [f"{s['size']} {r['quantity']}" for s in scored["sizes"] for r in s["rows"] if r["measured"] is None]
     tail = (f"{sum(r['inside'] for r in measured)} of {len(measured)} measured quantities inside their intervals"
             + (f"; not measured: {', '.join(missing)}." if missing else "."))
-    return [head + f", scored by `{scored['command']}`:", "", *_scored_rows(scored), "", tail, ""]
+    return [head + f", scored by `{scored['command']}`:", "", *scored_table(scored["sizes"]), "", tail, ""]
 
 
 def blind_section(folders: Sequence[tuple[Path, str]]) -> list[str]:
