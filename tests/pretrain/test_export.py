@@ -99,3 +99,35 @@ def test_missing_checkpoint_names_the_file(tmp_path):
     (tmp_path / "run").mkdir()
     with pytest.raises(FileNotFoundError, match="checkpoint.pt"):
         export_run(tmp_path / "run", tmp_path / "hf")
+
+
+def test_a_failed_export_leaves_no_folder_and_keeps_the_last_good_one(tmp_path):
+    # the tokenizer is written after the weights: when it fails (its package missing), no folder may be left that
+    # looks like a fresh export (weights newer than the checkpoint, no tokenizer) for `eval` to load
+    make_run(tmp_path / "run")
+    with pytest.raises(Exception, match="no-such-tokenizer"):
+        export_run(tmp_path / "run", tmp_path / "hf", tokenizer_dir=tmp_path / "no-such-tokenizer")
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "hf.partial").exists()
+    good = export_run(tmp_path / "run", tmp_path / "hf")
+    assert {"model.safetensors", "tokenizer_config.json", "vocab.json", "merges.txt"} <= set(good.files)
+    with pytest.raises(Exception, match="no-such-tokenizer"):
+        export_run(tmp_path / "run", tmp_path / "hf", tokenizer_dir=tmp_path / "no-such-tokenizer")
+    assert set(p.name for p in (tmp_path / "hf").iterdir()) == set(good.files)   # the earlier export stands
+
+
+def test_export_refuses_to_replace_a_folder_that_is_not_an_export(tmp_path):
+    make_run(tmp_path / "run")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not an earlier export"):
+        export_run(tmp_path / "run", tmp_path / "notes")
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+
+
+def test_eval_re_exports_a_run_whose_folder_lacks_the_tokenizer(tmp_path):
+    from scalelab.pretrain.commands import _eval_model_dir
+    make_run(tmp_path / "run")
+    export_run(tmp_path / "run", tmp_path / "run" / "hf")
+    (tmp_path / "run" / "hf" / "tokenizer_config.json").unlink()   # as an older export left it
+    hf, run = _eval_model_dir(tmp_path / "run")
+    assert run == tmp_path / "run" and (hf / "tokenizer_config.json").is_file()

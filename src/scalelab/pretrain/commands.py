@@ -141,7 +141,8 @@ def _eval_model_dir(target: Path) -> tuple[Path, Path | None]:
     if (target / "checkpoint.pt").is_file() and (target / "config.toml").is_file():
         hf, ckpt = target / "hf", target / "checkpoint.pt"
         weights = hf / "model.safetensors"
-        if not weights.is_file() or weights.stat().st_mtime < ckpt.stat().st_mtime:
+        if (not weights.is_file() or not (hf / "tokenizer_config.json").is_file()
+                or weights.stat().st_mtime < ckpt.stat().st_mtime):
             from scalelab.pretrain.export import export_run, format_export
             print(format_export(export_run(target, hf)))
         return hf, target

@@ -12,6 +12,8 @@ logits with our GPT's on a prompt, and checks greedy `generate` against our own 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -136,23 +138,43 @@ def self_check(out: Path, ours: GPT) -> tuple[tuple[int, ...], float, tuple[int,
     return ids, diff, tuple(gen), tuple(greedy_decode(ours, list(ids), GENERATE_TOKENS))
 
 
+def write_and_check(stage: Path, hf_sd: dict, model_cfg: ModelConfig, ours: GPT,
+                    tokenizer_dir: str | Path | None) -> tuple[tuple[int, ...], float, tuple, tuple, float]:
+    """The HF folder written into `stage` and self-checked: (prompt ids, max |dlogits|, HF greedy, ours, tol)."""
+    stage.mkdir(parents=True)
+    write_weights(hf_sd, stage)
+    write_model_config(model_cfg, ours.transformer.wte.weight.dtype, stage)
+    write_generation_config(stage)
+    write_tokenizer(stage, model_cfg.block_size, tokenizer_dir)
+    ids, diff, gen, ref = self_check(stage, ours)
+    tol = TOLERANCES["float32"][0]
+    if diff > tol:
+        raise ExportCheckError(f"{stage}: HF logits differ from ours by {diff:.3e} > {tol:.0e}")
+    if gen != ref:
+        raise ExportCheckError(f"{stage}: HF greedy generate {list(gen)} != our greedy decode {list(ref)}")
+    return ids, diff, gen, ref, tol
+
+
 def export_run(run_dir: str | Path, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> ExportResult:
     """Checkpoint -> HF GPT-2 folder, refusing what GPT-2 cannot express, then the self-check."""
     run_dir, out = Path(run_dir), Path(out_dir)
     state_dict, model_cfg, step = read_run_checkpoint(run_dir)
     ours = our_model(state_dict, model_cfg)
     hf_sd = to_hf_state_dict(ours, model_cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    write_weights(hf_sd, out)
-    write_model_config(model_cfg, ours.transformer.wte.weight.dtype, out)
-    write_generation_config(out)
-    write_tokenizer(out, model_cfg.block_size, tokenizer_dir)
-    ids, diff, gen, ref = self_check(out, ours)
-    tol = TOLERANCES["float32"][0]
-    if diff > tol:
-        raise ExportCheckError(f"{out}: HF logits differ from ours by {diff:.3e} > {tol:.0e}")
-    if gen != ref:
-        raise ExportCheckError(f"{out}: HF greedy generate {list(gen)} != our greedy decode {list(ref)}")
+    # Written into a staging folder that replaces `out` only once the self-check passed: a folder left with weights
+    # but no tokenizer (a missing tokenizer package) would look fresh to the next `eval`, and transformers then
+    # loads an empty-vocabulary tokenizer from it that encodes every text as no tokens.
+    if out.is_dir() and any(out.iterdir()) and not (out / "model.safetensors").is_file():
+        raise FileExistsError(f"{out}: exists and is not an earlier export (no model.safetensors); not replacing it")
+    stage = out.with_name(out.name + ".partial")
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        ids, diff, gen, ref, tol = write_and_check(stage, hf_sd, model_cfg, ours, tokenizer_dir)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(stage, out)
     return ExportResult(run_dir=str(run_dir), out_dir=str(out), step=step,
                         n_params=sum(t.numel() for t in hf_sd.values()),
                         files=tuple(sorted(p.name for p in out.iterdir() if p.is_file())), prompt_token_ids=ids,
