@@ -1,0 +1,59 @@
+"""scripts/retire_results.py in a scratch repository: the files leave the index and the disk, retired.json lists
+each with the size and sha256 of the bytes `git show COMMIT:PATH` gives back, the kept files stay."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import retire_results  # noqa: E402
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path):
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "config", "user.email", "t@example.com")
+    git(tmp_path, "config", "user.name", "t")
+    run = tmp_path / "results" / "old" / "run"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_bytes(b'{"step": 1}\n')
+    (tmp_path / "results" / "old" / "README.md").write_text("old study\n")
+    (tmp_path / "results" / "other.json").write_text("{}\n")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "results")
+    return tmp_path
+
+
+def test_retired_files_are_listed_with_their_hashes_and_restorable(repo):
+    folder = repo / "results" / "old"
+    record = retire_results.retire(folder, "superseded by new")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    assert record["commit"] == head
+    assert record["files"] == [{"path": "run/metrics.jsonl", "bytes": 12,
+                                "sha256": hashlib.sha256(b'{"step": 1}\n').hexdigest()}]
+    assert json.loads((folder / "retired.json").read_text()) == record
+    assert not (folder / "run" / "metrics.jsonl").exists() and (folder / "README.md").read_text() == "old study\n"
+    assert git(repo, "ls-files", "results").split() == ["results/old/README.md", "results/other.json"]
+    restored = subprocess.run(["git", "show", f"{head}:results/old/run/metrics.jsonl"], cwd=repo,
+                              capture_output=True, check=True).stdout
+    assert hashlib.sha256(restored).hexdigest() == record["files"][0]["sha256"]
+
+
+def test_refuses_uncommitted_changes_and_an_empty_folder(repo):
+    folder = repo / "results" / "old"
+    (folder / "run" / "metrics.jsonl").write_text("edited\n")
+    with pytest.raises(SystemExit, match="uncommitted"):
+        retire_results.retire(folder, "x")
+    git(repo, "checkout", "--", ".")
+    with pytest.raises(SystemExit, match="no tracked file"):
+        retire_results.retire(folder, "x", keep=("README.md", "run/metrics.jsonl"))
