@@ -51,9 +51,10 @@ class RunCurve:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """metrics.jsonl rows; a torn last line (a kill mid-write) is skipped."""
+    """metrics.jsonl rows (or a committed metrics.jsonl.xz's); a torn last line (a kill mid-write) is skipped."""
+    from scalelab.core.jsonio import read_text   # here: the module is imported before src/ is on the path
     rows = []
-    for line in path.read_text().splitlines():
+    for line in read_text(path).splitlines():
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
@@ -89,8 +90,9 @@ def curve_from_rows(rows: list[dict], finished: bool) -> RunCurve:
 
 
 def read_run(run_dir: Path) -> RunCurve | None:
+    from scalelab.core.jsonio import is_stored
     path = run_dir / "metrics.jsonl"
-    if not path.is_file():
+    if not is_stored(path):
         return None
     return curve_from_rows(read_metrics(path), (run_dir / "train_summary.json").is_file())
 

@@ -4,6 +4,7 @@ bench/gpu_pretrain_ttt.sh at toy scale on CPU, including a call after the machin
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -61,6 +62,23 @@ def test_curve_counts_warmup_at_steady_speed_and_keeps_the_resumed_steps():
     assert [(p.step, p.val_loss) for p in c.val] == [(4, 3.0), (8, 2.0)]
     assert c.val[0].train_s == pytest.approx((3 * 120 + 100) / 1000)
     assert c.tokens_per_s == pytest.approx(100 / 0.120)
+
+
+def test_a_committed_run_folder_reads_packed_as_plain(tmp_path):
+    # committed run folders keep metrics.jsonl as .xz (the tracked tree's budget); the curve must not change, and a
+    # torn last line (a kill mid-write) is skipped in either form
+    text = "".join(json.dumps(r) + "\n" for r in rows([[(1, 900), (2, 900), (3, 900), (4, 100)]], {4: 3.0}))
+    text += '{"event": "train", "st'
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    for d in (plain, packed):
+        d.mkdir()
+        (d / "train_summary.json").write_text("{}")
+    (plain / "metrics.jsonl").write_text(text)
+    (packed / "metrics.jsonl.xz").write_bytes(lzma.compress(text.encode()))
+    c = ttt.read_run(packed)
+    assert c == ttt.read_run(plain)
+    assert c.steps == 4 and c.finished and [(p.step, p.val_loss) for p in c.val] == [(4, 3.0)]
+    assert ttt.read_run(tmp_path) is None   # no metrics in any form
 
 
 def test_time_to_target_first_crossing_and_interpolation():
