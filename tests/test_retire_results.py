@@ -57,3 +57,20 @@ def test_refuses_uncommitted_changes_and_an_empty_folder(repo):
     git(repo, "checkout", "--", ".")
     with pytest.raises(SystemExit, match="no tracked file"):
         retire_results.retire(folder, "x", keep=("README.md", "run/metrics.jsonl"))
+
+
+def test_a_folder_retired_whole_keeps_its_record(repo):
+    folder = repo / "results" / "old"
+    record = retire_results.retire(folder, "all of it", keep=())
+    assert [f["path"] for f in record["files"]] == ["README.md", "run/metrics.jsonl"]
+    assert json.loads((folder / "retired.json").read_text())["files"] == record["files"]
+
+
+def test_only_the_matching_files_leave(repo):
+    folder = repo / "results" / "old"
+    (folder / "run.log.xz").write_bytes(b"log")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "log")
+    record = retire_results.retire(folder, "logs", only="*.log.xz")
+    assert [f["path"] for f in record["files"]] == ["run.log.xz"]
+    assert (folder / "run" / "metrics.jsonl").is_file() and not (folder / "run.log.xz").exists()
