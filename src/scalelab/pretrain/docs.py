@@ -19,7 +19,7 @@ from scalelab.core.numfmt import signed_pct as _signed
 from scalelab.core.numfmt import thousands as _k
 from scalelab.core.sections import Manifest, ManifestError, read_manifest, write_doc
 from scalelab.pretrain import calibrate as cal
-from scalelab.pretrain import docs_loss, docs_speed
+from scalelab.pretrain import docs_loss, docs_speed, docs_ttt
 from scalelab.pretrain.docs_blind import blind_section
 from scalelab.pretrain.config import PretrainConfig, load_pretrain_config
 from scalelab.pretrain.predict import workload
@@ -36,13 +36,14 @@ class DocInputs:
     fsdp2: dict                     # FSDP2 with the bf16 MixedPrecisionPolicy
     rounds: Rounds                  # the recipe-variant rounds, in the manifest's order; the first holds the goal
     ladder: dict | None             # absent until bench/gpu_scaling_ladder.sh ran
-    ttt: dict | None                # bench/gpu_pretrain_ttt.sh's results, when committed
+    ttt: docs_ttt.TttInputs | None  # bench/gpu_pretrain_ttt_real.sh's folder, once its first call wrote stats
     forecast: dict | None           # bench/pretrain_kernel_forecast.py: the next kernels' step time, before running
     recipe: PretrainConfig
     recipe_path: str                # as the manifest names it (printed)
     demo_path: str                  # the CPU demo's run folder, as the manifest names it (printed)
     demo: dict | None               # the CPU demo's results.json, when the run folder exists
     blind: tuple[tuple[Path, str], ...] = ()    # blind-size prediction folders: (path, name printed)
+    lm_evals: tuple[tuple[Path, str], ...] = ()  # trained models' eval.json files: (path, model label)
     figures: tuple[tuple[str, str], ...] = ()   # (name, relative path) written beside the Markdown
 
     @property
@@ -74,11 +75,17 @@ def load_inputs(manifest: Manifest | str | Path) -> DocInputs:
     return DocInputs(calibration=_results(m, "calibration", "path"), ddp=_results(m, "scaling", "ddp"),
                      fsdp2=_results(m, "scaling", "fsdp2"), rounds=_rounds(m),
                      ladder=_results(m, "loss", "ladder", required=False),
-                     ttt=_results(m, "loss", "ttt", required=False),
+                     ttt=_ttt(m),
                      forecast=_results(m, "speed", "forecast", required=False),
                      recipe=load_pretrain_config(m.path_of(m.require("recipe"))), recipe_path=m.require("recipe"),
                      demo_path=demo, demo=read_json(demo_results) if demo_results.is_file() else None,
-                     blind=tuple((m.path_of(b), b) for b in m.get("blind", "folders", default=[])))
+                     blind=tuple((m.path_of(b), b) for b in m.get("blind", "folders", default=[])),
+                     lm_evals=tuple((m.path_of(e["path"]), e["label"]) for e in m.get("lm_eval", default=[])))
+
+
+def _ttt(m: Manifest) -> docs_ttt.TttInputs | None:
+    rel = m.get("ttt", "folder")
+    return None if rel is None else docs_ttt.load_ttt(m.path_of(rel), rel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,12 +132,13 @@ def _speed_verdict(d: DocInputs) -> str:
 
 
 def _ttt_sentence(d: DocInputs) -> str:
-    v = (d.ttt or {}).get("verdict", {})
-    if v.get("status") != "done":
+    s = d.ttt.stats if d.ttt else {}
+    if s.get("status") != "done":
         return ""
-    return (f"Time to a target loss on one H200: our recipe reaches the llm.c baseline's val loss in "
-            f"**{v['ratio']:.2f}x** its training time (goal ≤ {v['goal_ratio']}: "
-            f"{'met' if v['goal_met'] else 'not met'}). ")
+    return (f"Time to a target loss by the speedrun's rules ({s['recipe']['n']} seeds a side, against a tuned "
+            f"AdamW baseline): the recipe needs **{s['ratio_train_s']:.2f}x** the baseline's training time "
+            f"(Welch p = {s['welch_train_s']['p_less']:.2g}; goal ≤ {s['goal_ratio']}: "
+            f"{'met' if s['goal_met'] else 'not met'}). ")
 
 
 def _forms(d: DocInputs) -> list[str]:
@@ -356,14 +364,11 @@ def _figure_line(d: DocInputs, name: str, caption: str) -> list[str]:
 def _loss_curve(d: DocInputs) -> list[str]:
     q = d.variants["quality"]["val_loss_by_tokens"]
     last = max(q["plain"], key=int)
-    ttt = (d.ttt or {}).get("runs", {}).get("baseline")
-    quality = (f"the variants' quality check on one H200 (ShareGPT, 524,288 tokens per step): val loss "
-               f"{q['plain'][min(q['plain'], key=int)]:.2f} after {int(min(q['plain'], key=int)) / 1e6:.1f}M tokens, "
-               f"{q['plain'][last]:.2f} after {int(last) / 1e6:.1f}M, plain and FP8 together")
-    if ttt is not None:
-        quality = (f"the time-to-target baseline above ({ttt['tokens'] / 1e6:.0f}M tokens, val loss "
-                   f"{ttt['final_val_loss']:.2f}); before it, the variants' quality check ({int(last) / 1e6:.1f}M "
-                   f"tokens, {q['plain'][last]:.2f})")
+    longest = max(d.ttt.runs, key=lambda r: r.tokens) if d.ttt and d.ttt.runs else None
+    if longest is not None:
+        quality = (f"the variants' quality check ({int(last) / 1e6:.1f}M tokens, val loss {q['plain'][last]:.2f} on "
+                   f"ShareGPT); beside it, the time-to-target runs above ({longest.tokens / 1e6:.1f}M tokens each; "
+                   f"{longest.layout} ends at {longest.val_loss:.2f} on their own corpus and val split)")
     lines = ["## The loss curve", "", f"No 10B-token run exists yet. The longest GPU curve is {quality}.", "",
              *_figure_line(d, "quality", "val loss vs tokens, plain vs cuDNN attention + FP8, one H200"), ""]
     if d.demo is None:
@@ -408,10 +413,10 @@ def _not_measured(d: DocInputs) -> list[str]:
               ("" if d.calibration.get("loss_ladder", {}).get("checks") else "a 350M run on the ladder's data to "
                "check the ladder law's 350M prediction, and ") + "a ladder on FineWeb-Edu itself: the FineWeb loss "
               "predictions stay on the Chinchilla prior")
-    ttt = ("time-to-target on any corpus: no run has trained to a loss bar, on FineWeb-Edu or a proxy"
-           if (d.ttt or {}).get("verdict", {}).get("status") != "done" else
-           "time to 3.28 on FineWeb-Edu itself (the proxy above is ShareGPT), and an ablation of the recipe's parts "
-           "(Muon against the higher AdamW learning rate)")
+    status = d.ttt.stats.get("status", "not run") if d.ttt else "not run"
+    ttt = (f"time to target by the speedrun's rules ({status})" if status != "done" else
+           "time to 3.28 on FineWeb-Edu itself (the corpus above is ShareGPT and books), and an ablation of the "
+           "recipe's parts (Muon against the higher AdamW learning rate)")
     return ["## Not measured yet", "",
             f"- {ladder};",
             f"- {ttt};",
@@ -426,8 +431,8 @@ def render(d: DocInputs) -> str:
     check = d.calibration.get("loss_ladder")
     return "\n".join([*_intro(d), *_forms(d), *_calibration_table(d), *_predictions(d), *blind_section(d.blind),
                       *docs_loss.ladder_section(d.ladder, check, figure), *_variants(d), *_scaling(d),
-                      *docs_loss.time_to_target(d.ttt, d.ladder, figure), *_recipe(d), *_loss_curve(d), *_cost(d),
-                      *_not_measured(d)])
+                      *docs_ttt.ttt_section(d.ttt, figure), *docs_ttt.lm_eval_section(d.lm_evals), *_recipe(d),
+                      *_loss_curve(d), *_cost(d), *_not_measured(d)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,7 +465,8 @@ def make_figures(d: DocInputs, demo_dir: Path, fig_dir: Path) -> tuple[tuple[str
     _save(fig, ax, "tokens (millions)", "val loss (nats/token)", fig_dir / "pretrain_quality_val_loss.png")
     made = [("lr", f"{FIGURES}/pretrain_recipe_lr.png"), ("quality", f"{FIGURES}/pretrain_quality_val_loss.png")]
     made += [(name, f"{FIGURES}/{file}") for name, file in
-             docs_loss.make_figures(d.ttt, d.ladder, d.calibration.get("loss_ladder"), fig_dir, _figure, _save)]
+             docs_loss.make_figures(d.ladder, d.calibration.get("loss_ladder"), fig_dir, _figure, _save)
+             + docs_ttt.make_figure(d.ttt, fig_dir, _figure, _save)]
     demo = demo_dir / "figures" / "loss.png"
     if d.demo is not None and demo.is_file():
         shutil.copyfile(demo, fig_dir / "pretrain_tiny_cpu_loss.png")

@@ -1,4 +1,4 @@
-"""The loss-side sections of docs/pretrain.md: time to a target loss (bench/gpu_pretrain_ttt.sh) and the
+"""The loss-side section of docs/pretrain.md: the
 scaling-law ladder (bench/gpu_scaling_ladder.sh, scored by pretrain/ladder_check.py), with their figures.
 Every number is read from the results files; docs.py places these sections."""
 from __future__ import annotations
@@ -13,57 +13,6 @@ FigureLine = Callable[[str, str], list[str]]   # (figure name, caption) -> Markd
 
 def _size(n: float) -> str:
     return f"{n / 1e6:.0f}M" if n < 1e9 else f"{n / 1e9:.1f}B"
-
-
-def _sets(run_cmd: str) -> str:
-    """The --set overrides after the ones both runs share, as they appear in the command."""
-    parts = run_cmd.replace("\\", "").split("--set ")[1:]   # the command is shell-quoted (printf %q)
-    return " ".join(p.strip() for p in parts if p.split("=")[0] in
-                    ("train.optimizer", "train.attention", "train.loss_chunks", "train.fp8", "optim.lr",
-                     "optim.muon_lr"))
-
-
-def time_to_target(ttt: dict | None, ladder: dict | None, figure: FigureLine) -> list[str]:
-    if ttt is None or ttt["verdict"].get("status") != "done":
-        return []
-    base, rec, v = ttt["runs"]["baseline"], ttt["runs"]["recipe"], ttt["verdict"]
-    budget = int(ttt["settings"]["tokens"])
-    rows = ["| run | steps | tokens | training s | tokens/s | last val loss |", "|---|---:|---:|---:|---:|---:|"]
-    for name, c in (("baseline", base), ("recipe", rec)):
-        rows.append(f"| {name} | {c['steps']} | {c['tokens'] / 1e6:.1f}M | {c['train_s']:.1f} | "
-                    f"{c['tokens_per_s'] / 1e3:,.0f}k | {c['final_val_loss']:.3f} |")
-    hit = v["recipe_to_target"]
-    speed = rec["tokens_per_s"] / base["tokens_per_s"]
-    return ["## Time to a target loss", "",
-            "Proxy corpus: the ShareGPT shards (a fixed 5% held-out split). The target, fixed "
-            f"before any recipe was chosen, is the plain baseline's val loss after {budget / 1e6:.1f}M tokens "
-            f"({budget // int(ttt['settings']['tokens_per_step'])} steps of "
-            f"{int(ttt['settings']['tokens_per_step']):,} tokens; llm.c's AdamW recipe, lr 6e-4, warmup 10%, "
-            f"cosine to 0): **{v['target_val_loss']:.3f}**. The recipe (`{_sets(ttt['commands']['recipe'])}`; "
-            "Muon, Jordan et al. 2024, on the hidden matrices) has its own schedule of "
-            f"{int(ttt['settings']['recipe_tokens']) / 1e6:.1f}M tokens (0.6 of the budget) and stops at its first "
-            f"evaluation at or below the target. Both evaluate every {ttt['settings']['val_every']} steps on the "
-            "same val tokens; the clock counts training steps only.", "", *rows, "",
-            f"**The recipe reached {v['target_val_loss']:.3f} after {hit['train_s']:.1f} s of training against the "
-            f"baseline's {v['baseline_train_s']:.1f} s: ratio {v['ratio']:.3f}** (interpolated inside the last "
-            f"evaluation interval: {v['ratio_interpolated']:.3f}); goal ≤ {v['goal_ratio']}: "
-            f"{'met' if v['goal_met'] else 'not met'}. It needed {v['token_ratio']:.2f} of the tokens at "
-            f"{speed:.2f}x the tokens/s, so nearly all of the gain is per token, not per second.", "",
-            *_ttt_reading(base, ladder), "",
-            *figure("ttt", "val loss against training seconds, baseline and recipe, with the target"), ""]
-
-
-def _ttt_reading(base: dict, ladder: dict | None) -> list[str]:
-    """Why the margin is large: the baseline's budget is step-limited, which the ladder shows."""
-    if not ladder:
-        return []
-    top = max(ladder["points"], key=lambda p: (p["n_params"], p["tokens"]))
-    return [f"Read it with care: {base['steps']} steps are few. The ladder's {_size(top['n_params'])} model reaches "
-            f"{top['final_val_loss']:.2f} on {top['tokens'] / 1e6:.1f}M tokens in {top['steps']} small steps, the "
-            f"baseline {base['final_val_loss']:.2f} on {base['tokens'] / 1e6:.0f}M: at this budget the baseline is "
-            "limited by steps (its batch is far above Kaplan et al. 2020's critical batch at these losses), where "
-            "an optimizer that does more per step wins most. At the 10B-token bar the ratio will be smaller: "
-            "Jordan (2024) reports Muon 1.35x faster to 3.28 with GPT-2 124M."]
 
 
 def _misses(form: dict) -> str:
@@ -125,19 +74,10 @@ def ladder_section(ladder: dict | None, check: dict | None, figure: FigureLine) 
             *figure("ladder", "final val loss against tokens per model size, with the fitted law"), ""]
 
 
-def make_figures(ttt: dict | None, ladder: dict | None, check: dict | None, fig_dir: Path, new_figure,
+def make_figures(ladder: dict | None, check: dict | None, fig_dir: Path, new_figure,
                  save) -> list[tuple[str, str]]:
-    """ttt: val loss vs training seconds; ladder: loss vs tokens per size with the fit. Returns (name, file)."""
+    """The ladder: loss vs tokens per size with the fit. Returns (name, file)."""
     made = []
-    if ttt is not None and ttt["verdict"].get("status") == "done":
-        fig, ax = new_figure()
-        for name in ("baseline", "recipe"):
-            xs, ys = zip(*ttt["runs"][name]["val_loss_by_train_s"])
-            ax.plot(xs, ys, "o-", markersize=3, label=name)
-        ax.axhline(ttt["verdict"]["target_val_loss"], color="gray", linestyle="--", label="target")
-        ax.set_ylim(top=min(8.0, ax.get_ylim()[1]))
-        save(fig, ax, "training seconds (one H200)", "val loss (nats/token)", fig_dir / "pretrain_ttt.png")
-        made.append(("ttt", "pretrain_ttt.png"))
     if ladder and check:
         law = ScalingLaw(**check["law"])
         fig, ax = new_figure()
