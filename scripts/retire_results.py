@@ -5,7 +5,8 @@
 The tracked tree has a size budget (tests/test_tree_size.py). A superseded result leaves it this way rather than
 silently: every tracked file under FOLDER except the kept ones (or only those matching --only) is `git rm`-ed, and
 FOLDER/retired.json lists each with its size and sha256 and the commit that still holds it (`git show COMMIT:PATH`),
-so a reader can restore and verify any of them. Run on a clean HEAD: the commit recorded is HEAD, which must hold the files as they are.
+so a reader can restore and verify any of them. Run on a clean HEAD: the commit recorded is HEAD, which must hold
+the files as they are.
 """
 from __future__ import annotations
 

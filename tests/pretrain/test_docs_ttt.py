@@ -44,6 +44,8 @@ def test_incomplete_study_shows_the_grid_and_seeds_and_says_so(tmp_path):
     assert "the best, 2e-4, lies strictly inside the grid" in text
     assert "| baseline/seed-1 | 5.450 | — | 0.0M | 2k | GPU X |" in text
     assert "Not complete (incomplete: grid tuned, 1 baseline and 0 recipe seeds)" in text
+    # margin 5.6 - 5.5 = 0.100 against the spread of seed 0 (5.50) and seed 1 (5.45) at 2e-4: 0.050
+    assert "Its margin over the next lr (0.100) is larger than the spread of 2 seeds at the chosen lr (0.050" in text
     assert "Welch" not in text
 
 
@@ -74,4 +76,6 @@ def test_lm_eval_table_in_percent_with_stderr_and_unscored_tasks(tmp_path):
         {"name": "piqa", "metrics": metric(0.531, 0.0116, 0.5087), "n_examples": 1838}]}))
     text = "\n".join(lm_eval_section(((tmp_path / "eval.json", "m"),)))
     assert "| m | 26.0 ± 0.4 / 25.1 (10,042) | not scored | 53.1 ± 1.2 / 50.9 (1,838) |" in text
+    # (0.2604 - 0.25) / 0.0044 = 2.36 standard errors on HellaSwag, (0.531 - 0.5) / 0.0116 = 2.67 on PIQA
+    assert "The largest acc above chance: m, 2.7 standard errors (piqa)." in text
     assert "PIQA 50%" in text and lm_eval_section(()) == []

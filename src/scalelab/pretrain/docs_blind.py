@@ -4,6 +4,7 @@ scored.json (bench/pretrain_blind_score.py), so the page shows a prediction besi
 measurement exists.
 
     blind_section(folders) -> list[str]     heading, one table per GPU folder, the count inside the intervals
+    blind_summary(folders) -> str           one sentence for the introduction: the count inside, and the misses
     scored_table(sizes) -> list[str]        a scored.json's rows as a Markdown table (the scorer prints it too)
 """
 from __future__ import annotations
@@ -52,7 +53,21 @@ def _folder_lines(folder: Path, shown: str) -> list[str]:
     missing = [f"{s['size']} {r['quantity']}" for s in scored["sizes"] for r in s["rows"] if r["measured"] is None]
     tail = (f"{sum(r['inside'] for r in measured)} of {len(measured)} measured quantities inside their intervals"
             + (f"; not measured: {', '.join(missing)}." if missing else "."))
-    return [head + f", scored by `{scored['command']}`:", "", *scored_table(scored["sizes"]), "", tail, ""]
+    return [head + f", scored by `{scored['command']}`:", "", *scored_table(scored["sizes"]), "",
+            tail + " " + _loss_reading(scored["sizes"], shown), ""]
+
+
+def _loss_reading(sizes: list[dict], shown: str) -> str:
+    """The loss rows read together: every larger model's measured loss against the one point the law gave them."""
+    rows = [(s["size"], r) for s in sizes for r in s["rows"] if "loss" in r["quantity"] and r["measured"] is not None]
+    if not rows:
+        return ""
+    measured = ", ".join(f"{size} {r['measured']:.3f}" for size, r in rows)
+    predicted = sorted({f"{r['predicted']:.2f}" for _, r in rows})
+    return (f"The loss is the weak side: the ladder's law (fitted up to 124M, whose size term it has spent by then) "
+            f"gave every larger size about its data term, {' / '.join(predicted)}, and they measured {measured}: at "
+            "this small token budget a larger model learns more slowly per token, which an additive L(N, D) cannot "
+            f"express ({shown}/README.md reads each row).")
 
 
 def blind_section(folders: Sequence[tuple[Path, str]]) -> list[str]:
@@ -65,3 +80,20 @@ def blind_section(folders: Sequence[tuple[Path, str]]) -> list[str]:
     for path, shown in folders:
         lines += _folder_lines(path, shown)
     return lines
+
+
+def blind_summary(folders: Sequence[tuple[Path, str]]) -> str:
+    """'5 of 6 measured quantities (774M and 1.5B, NVIDIA H100 ...) inside their intervals; outside: 1.5B final val
+    loss (+7.3%)', over the folders already scored; '' when none is."""
+    parts = []
+    for path, _ in folders:
+        if not is_stored(path / "scored.json"):
+            continue
+        scored = read_json(path / "scored.json")
+        rows = [(s["size"], r) for s in scored["sizes"] for r in s["rows"] if r["measured"] is not None]
+        misses = [f"{size} {r['quantity']} ({100 * r['error']:+.1f}%)" for size, r in rows if not r["inside"]]
+        gpu = read_json(path / "predictions.json")["sizes"][0]["prediction"]["hardware_name"]
+        parts.append(f"{sum(r['inside'] for _, r in rows)} of {len(rows)} measured quantities of "
+                     f"{' and '.join(s['size'] for s in scored['sizes'])} on one {gpu} inside their intervals"
+                     + (f"; outside: {', '.join(misses)}" if misses else ""))
+    return "; ".join(parts)
