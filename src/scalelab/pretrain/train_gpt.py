@@ -4,7 +4,7 @@
     torchrun --nproc_per_node 8 train_gpt.py --config configs/pretrain/gpt2-124m-fineweb-edu.toml
 
 It imports nothing of scalelab but the shard reader and its device prefetch (device_batches.py), the config
-loader and optional parts in their own files (fp8.py with its Triton kernels fp8_kernels.py, muon.py, chunked_ce.py
+loader, core/cpualloc.py (CPU runs) and optional parts in their own files (fp8.py with its Triton kernels fp8_kernels.py, muon.py, chunked_ce.py
 with ce_kernel.py), so it can be read (and copied to a cluster) with them alone.
 Sections, in order: model / data / optimizer + schedule / checkpoint / loop / main.
 """
@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from scalelab.core.cpualloc import keep_freed_memory
 from scalelab.pretrain.chunked_ce import chunked_cross_entropy
 from scalelab.pretrain.config import ModelConfig, PretrainConfig, load_pretrain_config, peak_flops, save_config
 from scalelab.pretrain.device_batches import DeviceBatches, to_device
@@ -154,6 +155,8 @@ def flops_per_token(model_cfg: ModelConfig, n_params: int) -> float:
 def setup_distributed(cfg: PretrainConfig) -> tuple[int, int, torch.device]:
     """(rank, world, device). Under torchrun, one process per device; NCCL on GPU, gloo on CPU."""
     use_cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
+    if not use_cuda:
+        keep_freed_memory()   # a CPU step's activations are reused, not mapped again (core/cpualloc.py)
     if "RANK" not in os.environ:
         return 0, 1, torch.device("cuda" if use_cuda else "cpu")
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
