@@ -46,7 +46,8 @@ class DocInputs:
     demo_cpu: str = "CPU"           # the demo machine's CPU model (its provenance.json)
     blind: tuple[tuple[Path, str], ...] = ()    # blind-size prediction folders: (path, name printed)
     lm_evals: tuple[tuple[Path, str], ...] = ()  # trained models' eval.json files: (path, model label)
-    ledger: tuple[dict, ...] = ()   # the GPU leases behind these results (results/pretrain-gpu-ledger.csv rows)
+    ledger: tuple[dict, ...] = ()   # the GPU leases behind these results: the rows of the manifest's [cost] ledger
+    ledger_path: str = ""           # that file, as the manifest names it (printed)
     figures: tuple[tuple[str, str], ...] = ()   # (name, relative path) written beside the Markdown
 
     @property
@@ -85,7 +86,7 @@ def load_inputs(manifest: Manifest | str | Path) -> DocInputs:
                      demo_cpu=_demo_cpu(m.path_of(demo)),
                      blind=tuple((m.path_of(b), b) for b in m.get("blind", "folders", default=[])),
                      lm_evals=tuple((m.path_of(e["path"]), e["label"]) for e in m.get("lm_eval", default=[])),
-                     ledger=_ledger(m))
+                     ledger=_ledger(m), ledger_path=m.get("cost", "ledger", default=""))
 
 
 def _demo_cpu(run: Path) -> str:
@@ -448,7 +449,7 @@ def _spent(d: DocInputs) -> list[str]:
     usd = sum(h * get_hardware(k).price_per_hour for k, h in hours.items())
     each = " and ".join(f"{h:.1f} {k[:4].upper()}-hours" for k, h in sorted(hours.items()))
     unknown = [r for r in d.ledger if not r["pretrain_s"]]
-    return [f"What the measurements on this page cost (results/pretrain-gpu-ledger.csv): {len(d.ledger)} leases of "
+    return [f"What the measurements on this page cost ({d.ledger_path}): {len(d.ledger)} leases of "
             f"lent GPUs, each at most 30 minutes. The {len(known)} whose pretraining time is recorded were charged "
             f"{sum(float(r['pretrain_s']) for r in known) / 3600:.1f} h of machine time = {each} (refused machine "
             f"starts and idle gaps included), about ${usd:.0f} at the same prices; "
