@@ -1,5 +1,5 @@
-"""core/cpualloc.py: glibc accepts the three thresholds (each within mallopt's int and glibc's own bounds), and
-SCALELAB_CPU_MALLOPT=0 leaves the defaults. Each case in a fresh process, so the setting stays there. The speed it
+"""core/cpualloc.py: glibc accepts the three thresholds (each within mallopt's int and glibc's own bounds); a GPU
+process and SCALELAB_CPU_MALLOPT=0 leave the defaults. Each case in a fresh process, so the setting stays there. The speed it
 buys is measured by bench/cpu_alloc_ab.py, not here."""
 from __future__ import annotations
 
@@ -14,17 +14,18 @@ from scalelab.core import cpualloc
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 CALL = (f"import sys; sys.path.insert(0, {str(SRC)!r}); "
-        "from scalelab.core.cpualloc import keep_freed_memory as k; print(k())")
+        "from scalelab.core.cpualloc import keep_freed_memory as k; print(k(*sys.argv[1:]))")
 
 
-def call(**env: str) -> str:
-    return subprocess.run([sys.executable, "-c", CALL], capture_output=True, text=True, check=True,
+def call(*device: str, **env: str) -> str:
+    return subprocess.run([sys.executable, "-c", CALL, *device], capture_output=True, text=True, check=True,
                           env={**os.environ, **env}).stdout.strip()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_glibc_accepts_the_thresholds_and_the_switch_leaves_them():
-    assert call() == "True"
+    assert call() == "True" and call("cpu") == "True"
+    assert call("cuda") == "False"
     assert call(SCALELAB_CPU_MALLOPT="0") == "False"
 
 

@@ -20,9 +20,11 @@ TRIM_THRESHOLD = 2 ** 31 - 1   # mallopt takes an int: never trim a freed heap t
 TOP_PAD = 1 << 30              # grow the heap in steps of up to 1 GiB, not one page
 
 
-def keep_freed_memory() -> bool:
-    """Set the three thresholds; True when glibc accepted all of them."""
-    if not sys.platform.startswith("linux") or os.environ.get("SCALELAB_CPU_MALLOPT") == "0":
+def keep_freed_memory(device_type: str = "cpu") -> bool:
+    """Set the three thresholds for a process that trains on `device_type` (only "cpu" needs them); True when glibc
+    accepted all of them."""
+    if (device_type != "cpu" or not sys.platform.startswith("linux")
+            or os.environ.get("SCALELAB_CPU_MALLOPT") == "0"):
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")

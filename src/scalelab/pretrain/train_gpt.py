@@ -3,9 +3,9 @@
     python train_gpt.py --config configs/pretrain/tiny-cpu.toml [--set train.max_steps=50 ...]
     torchrun --nproc_per_node 8 train_gpt.py --config configs/pretrain/gpt2-124m-fineweb-edu.toml
 
-It imports nothing of scalelab but the shard reader and its device prefetch (device_batches.py), the config
-loader, core/cpualloc.py (CPU runs) and optional parts in their own files (fp8.py with its Triton kernels fp8_kernels.py, muon.py, chunked_ce.py
-with ce_kernel.py), so it can be read (and copied to a cluster) with them alone.
+It imports nothing of scalelab but the shard reader and its device prefetch (device_batches.py), the config loader,
+core/cpualloc.py (CPU runs) and optional parts in their own files (fp8.py with its Triton kernels fp8_kernels.py,
+muon.py, chunked_ce.py with ce_kernel.py), so it can be read (and copied to a cluster) with them alone.
 Sections, in order: model / data / optimizer + schedule / checkpoint / loop / main.
 """
 from __future__ import annotations
@@ -94,10 +94,8 @@ class GPT(nn.Module):
         self.cfg, self.loss_chunks = cfg, loss_chunks  # loss_chunks > 0: chunked head + loss (chunked_ce.py)
         self.loss_kernel, self.residual_dtype = loss_kernel, residual_dtype  # 'triton'*: ce_kernel.py's chunks
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
-            wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
-            drop=nn.Dropout(cfg.dropout),
-            h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
+            wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd), wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+            drop=nn.Dropout(cfg.dropout), h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
             ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
         ))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
@@ -155,8 +153,6 @@ def flops_per_token(model_cfg: ModelConfig, n_params: int) -> float:
 def setup_distributed(cfg: PretrainConfig) -> tuple[int, int, torch.device]:
     """(rank, world, device). Under torchrun, one process per device; NCCL on GPU, gloo on CPU."""
     use_cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
-    if not use_cuda:
-        keep_freed_memory()   # a CPU step's activations are reused, not mapped again (core/cpualloc.py)
     if "RANK" not in os.environ:
         return 0, 1, torch.device("cuda" if use_cuda else "cpu")
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
@@ -391,6 +387,7 @@ def build(cfg: PretrainConfig, world: int, device: torch.device):
 def train(cfg: PretrainConfig) -> dict:
     """Run (or resume) training in cfg.run_dir; return the summary also written to results.json."""
     rank, world, device = setup_distributed(cfg)
+    keep_freed_memory(device.type)   # on CPU a step's activations are reused, not mapped again (core/cpualloc.py)
     run_dir = cfg.run_dir
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
