@@ -20,6 +20,10 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from scalelab.core.jsonio import is_stored, read_text  # noqa: E402
+from scalelab.core.provenance import collect  # noqa: E402
+
 WARMUP_STEPS = 3
 RUNS = ("baseline", "recipe")
 GOAL_RATIO = 0.6  # the issue's bar: the recipe reaches the baseline's final val loss in <= 0.6x its time
@@ -52,7 +56,6 @@ class RunCurve:
 
 def read_metrics(path: Path) -> list[dict]:
     """metrics.jsonl rows (or a committed metrics.jsonl.xz's); a torn last line (a kill mid-write) is skipped."""
-    from scalelab.core.jsonio import read_text   # here: the module is imported before src/ is on the path
     rows = []
     for line in read_text(path).splitlines():
         try:
@@ -90,7 +93,6 @@ def curve_from_rows(rows: list[dict], finished: bool) -> RunCurve:
 
 
 def read_run(run_dir: Path) -> RunCurve | None:
-    from scalelab.core.jsonio import is_stored
     path = run_dir / "metrics.jsonl"
     if not is_stored(path):
         return None
@@ -170,7 +172,6 @@ def current_runs(root: Path, doc: dict) -> dict[str, RunCurve]:
 
 
 def provenance(commands: dict) -> dict:
-    from scalelab.core.provenance import collect
     info = collect({"commands": commands, "bench": "bench/gpu_pretrain_ttt.sh",
                     "env": {k: os.environ[k] for k in ("TOKENS", "RECIPE_TOKENS", "VAL_EVERY", "BASE_SETS",
                                                        "RECIPE_SETS", "EXTRA_SETS", "DATA", "BUDGET_S")
@@ -250,5 +251,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     sys.exit(main())
