@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import gpu_pretrain_ttt as ttt  # noqa: E402
+from scalelab.core.provenance import git_sha  # noqa: E402
 from scalelab.pretrain import ttt_stats  # noqa: E402
 from scalelab.pretrain.config import load_pretrain_config  # noqa: E402
 from scalelab.pretrain.heldout_record import read_records  # noqa: E402
@@ -122,6 +123,8 @@ def stats(results: Path, seeds: int) -> dict:
         goal = target(results, seeds)
         doc.update(status="done", **ttt_stats.compare(seed_times(base, goal), seed_times(recipe, goal), goal))
     doc["losses"] = losses(results)
+    doc |= {"command": f"python3 bench/gpu_pretrain_ttt_real.py stats --results {results} --seeds {seeds}",
+            "git_sha": git_sha()}
     (results / "stats.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return doc
 

@@ -80,6 +80,7 @@ def test_bench_script_end_to_end_on_cpu(tmp_path):
             assert _final(recipe) <= stats["target_val_loss"]
     assert not stats["faster"] and not stats["enough_seeds"]   # 2 seeds: never enough to call it
     assert set(stats["losses"]) == {f"{d.parent.name}/{d.name}" for d in [*grid, *base, *recipes(results)]}
+    assert stats["command"].startswith("python3 bench/gpu_pretrain_ttt_real.py stats --results ") and stats["git_sha"]
     for name, row in stats["losses"].items():  # the held-out loss of every finished run, beside its val loss
         record = json.loads((results / name / "heldout.json").read_text())["wikitext2"]
         assert row["val_loss"] == pytest.approx(_final(results / name))
