@@ -327,3 +327,13 @@ def test_docs_are_generated_from_the_results(tmp_path):
                                     if not line.startswith(("|", "    ", "!["))).split())   # not tables/figures
     assert 1200 < words(post) < 1800 and words(appendix) < 1000
     assert "## Appendix B: Recipe variants: the speed goal" in appendix and "## Appendix C: One GPU to two" in appendix
+
+
+def test_docs_render_without_a_time_to_target_folder():
+    # a manifest without [ttt] (or before its first call) still renders the loss curve, from the quality check alone
+    from dataclasses import replace
+
+    from scalelab.pretrain.docs import load_inputs, render
+    text = render(replace(load_inputs(REPO / "docs/pretrain.toml"), ttt=None))
+    assert "The longest GPU curve is the variants' quality check (41.9M tokens, val loss 6.32 on ShareGPT)." in text
+    assert "## Time to target" not in text and "time to target by the speedrun's rules (not run)" in text

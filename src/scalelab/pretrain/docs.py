@@ -394,11 +394,12 @@ def _figure_line(d: DocInputs, name: str, caption: str) -> list[str]:
 def _loss_curve(d: DocInputs) -> list[str]:
     q = d.variants["quality"]["val_loss_by_tokens"]
     last = max(q["plain"], key=int)
-    longest = max(d.ttt.runs, key=lambda r: r.tokens) if d.ttt and d.ttt.runs else None
-    if longest is not None:
-        quality = (f"the variants' quality check ({int(last) / 1e6:.1f}M tokens, val loss {q['plain'][last]:.2f} on "
-                   f"ShareGPT); beside it, the time-to-target runs above ({longest.tokens / 1e6:.1f}M tokens each; "
-                   f"{longest.layout} ends at {longest.val_loss:.2f} on their own corpus and val split)")
+    quality = (f"the variants' quality check ({int(last) / 1e6:.1f}M tokens, val loss {q['plain'][last]:.2f} on "
+               "ShareGPT)")
+    if d.ttt and d.ttt.runs:
+        longest = max(d.ttt.runs, key=lambda r: r.tokens)
+        quality += (f"; beside it, the time-to-target runs above ({longest.tokens / 1e6:.1f}M tokens each; "
+                    f"{longest.layout} ends at {longest.val_loss:.2f} on their own corpus and val split)")
     lines = ["## The loss curve", "", f"No 10B-token run exists yet. The longest GPU curve is {quality}.", "",
              *_figure_line(d, "quality", "val loss vs tokens, plain vs cuDNN attention + FP8, one H200"), ""]
     if d.demo is None:
