@@ -28,6 +28,7 @@ from scalelab.pretrain.rounds import Rounds, load_round
 from scalelab.pretrain.train_gpt import lr_at
 
 FIGURES = "figures"                 # beside the Markdown file
+LEDGER_CARDS = {"H100": "h100-sxm", "H200": "h200"}   # the GPU ledger's cards -> hardware-table keys (prices)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ def load_inputs(manifest: Manifest | str | Path) -> DocInputs:
 
 def _demo_cpu(run: Path) -> str:
     prov = run / "provenance.json"
-    return read_json(prov).get("hardware", {}).get("cpu_model") or "CPU" if prov.is_file() else "CPU"
+    model = read_json(prov).get("hardware", {}).get("cpu_model") if prov.is_file() else None
+    return model or "CPU"
 
 
 def _ledger(m: Manifest) -> tuple[dict, ...]:
@@ -152,11 +154,6 @@ def _latest(d: DocInputs) -> dict:
 
 def _goal(d: DocInputs) -> str:
     return d.variants["goal"].split(" with ")[0].split(":")[0]
-
-
-def _speed_verdict(d: DocInputs) -> str:
-    """The latest round's verdict in a word or two (met / not met); the variants section gives the reason."""
-    return _latest(d)["verdict"].split(":")[0]
 
 
 def _ttt_sentence(d: DocInputs) -> str:
@@ -443,12 +440,12 @@ def _spent(d: DocInputs) -> list[str]:
     if not d.ledger:
         return []
     known = [r for r in d.ledger if r["pretrain_s"]]
-    hours: dict[str, float] = {}
+    hours: dict[str, float] = {}   # "H100" / "H200" (as the ledger's gpu_kind names the card) -> GPU-hours
     for r in known:
-        kind = "h100-sxm" if "H100" in r["gpu_kind"] else "h200"
-        hours[kind] = hours.get(kind, 0.0) + float(r["pretrain_s"]) * int(r["gpus"]) / 3600
-    usd = sum(h * get_hardware(k).price_per_hour for k, h in hours.items())
-    each = " and ".join(f"{h:.1f} {k[:4].upper()}-hours" for k, h in sorted(hours.items()))
+        card = "H100" if "H100" in r["gpu_kind"] else "H200"
+        hours[card] = hours.get(card, 0.0) + float(r["pretrain_s"]) * int(r["gpus"]) / 3600
+    usd = sum(h * get_hardware(LEDGER_CARDS[card]).price_per_hour for card, h in hours.items())
+    each = " and ".join(f"{h:.1f} {card}-hours" for card, h in sorted(hours.items()))
     unknown = [r for r in d.ledger if not r["pretrain_s"]]
     return [f"What the measurements on this page cost ({d.ledger_path}): {len(d.ledger)} leases of "
             f"lent GPUs, each at most 30 minutes. The {len(known)} whose pretraining time is recorded were charged "

@@ -5,7 +5,6 @@ scores of the trained models the manifest names. Every number is read from the f
 folders and the eval.json files; docs.py places the section."""
 from __future__ import annotations
 
-import json
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +49,7 @@ def load_ttt(folder: Path, name: str) -> TttInputs | None:
     """The folder's stats.json and finished runs; None before its first call wrote stats.json."""
     if not (folder / "stats.json").is_file():
         return None
-    stats = json.loads((folder / "stats.json").read_text())
+    stats = read_json(folder / "stats.json")
     layouts = sorted(f"{p.parent.name}/{p.name}" for kind in LAYOUTS for p in (folder / kind).glob("*") if p.is_dir())
     runs = tuple(r for r in (_run(folder, lay, stats) for lay in layouts) if r is not None)
     if not runs:
@@ -172,17 +171,15 @@ def lm_eval_section(evals: tuple[tuple[Path, str], ...]) -> list[str]:
 
 def _above_chance(evals: tuple[tuple[Path, str], ...]) -> str:
     """Each model's largest acc above chance, in standard errors."""
+    chance = {name: c for name, _, c in TASKS}
     out = []
     for path, label in evals:
-        best = None
-        for x in read_json(path)["tasks"]:
-            chance = next((c for name, _, c in TASKS if name == x["name"]), None)
-            acc = next(m for m in x["metrics"] if m["name"] == "acc")
-            if chance is not None and acc["stderr"] > 0:
-                z = (acc["value"] - chance) / acc["stderr"]
-                best = max(best or (z, x["name"]), (z, x["name"]))
-        if best is not None:
-            out.append(f"{label.split(',')[0]}, {best[0]:.1f} standard errors ({best[1]})")
+        scores = [(x["name"], next(m for m in x["metrics"] if m["name"] == "acc"))
+                  for x in read_json(path)["tasks"] if x["name"] in chance]
+        zs = [((acc["value"] - chance[name]) / acc["stderr"], name) for name, acc in scores if acc["stderr"] > 0]
+        if zs:
+            z, name = max(zs)
+            out.append(f"{label.split(',')[0]}, {z:.1f} standard errors ({name})")
     return ("The largest acc above chance: " + "; ".join(out) + ".") if out else ""
 
 
