@@ -74,3 +74,24 @@ def test_only_the_matching_files_leave(repo):
     record = retire_results.retire(folder, "logs", only="*.log.xz")
     assert [f["path"] for f in record["files"]] == ["run.log.xz"]
     assert (folder / "run" / "metrics.jsonl").is_file() and not (folder / "run.log.xz").exists()
+
+
+def test_dropping_an_event_keeps_the_other_lines_and_records_both_hashes(repo):
+    import lzma
+    folder = repo / "results" / "old"
+    lines = [b'{"event": "step", "step": 1}\n', b'{"event": "gpu_samples", "u": [1, 2, 3]}\n',
+             b'{"event": "step", "step": 2}\n']
+    original = lzma.compress(b"".join(lines))
+    (folder / "run" / "metrics.jsonl.xz").write_bytes(original)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "xz")
+    record = retire_results.drop_event(folder, "only the steps are cited", "gpu_samples", "*.jsonl.xz")
+    [entry] = record["files"]
+    left = (folder / "run" / "metrics.jsonl.xz").read_bytes()
+    assert lzma.decompress(left) == lines[0] + lines[2]
+    assert entry["path"] == "run/metrics.jsonl.xz" and entry["dropped_lines"] == 1
+    assert entry["sha256"] == hashlib.sha256(original).hexdigest()
+    assert entry["kept_sha256"] == hashlib.sha256(left).hexdigest() and entry["kept_bytes"] == len(left)
+    assert (folder / "run" / "metrics.jsonl").read_bytes() == b'{"step": 1}\n'   # not matched by --only
+    with pytest.raises(SystemExit, match="one record per folder"):
+        retire_results.drop_event(folder, "again", "gpu_samples", "*.jsonl.xz")
