@@ -11,13 +11,13 @@ from scalelab.pretrain.docs_ttt import lm_eval_section, load_ttt, ttt_section
 NO_FIGURE = lambda name, caption: []  # noqa: E731
 
 
-def make_run(root: Path, layout: str, loss: float, tokens_per_s: float) -> None:
+def make_run(root: Path, layout: str, loss: float, tokens_per_s: float, train: str = "") -> None:
     d = root / layout
     d.mkdir(parents=True)
     (d / "train_summary.json").write_text(json.dumps({"final_val_loss": loss, "tokens": 3000, "tokens_per_s":
                                                       tokens_per_s}))
     (d / "provenance.json").write_text(json.dumps({"hardware": {"gpus": ["GPU X"]}}))
-    (d / "config.toml").write_text("[train]\ntotal_batch_tokens = 1000\nval_every = 10\n")
+    (d / "config.toml").write_text(f"[optim]\nlr = 0.0006\n[train]\ntotal_batch_tokens = 1000\nval_every = 10\n{train}")
     (d / "metrics.jsonl").write_text("".join(json.dumps({"event": "val", "tokens": t, "val_loss": v}) + "\n"
                                              for t, v in ((1000, 7.0), (3000, loss))))
 
@@ -58,10 +58,18 @@ def test_finished_study_states_target_times_and_test(tmp_path):
                                                                                           "p_less": 0.004},
              "ratio_train_s": 30.25 / 70.0, "ratio_tokens": 0.5, "alpha": 0.01, "min_seeds": 5,
              "faster": True, "goal_ratio": 0.5, "goal_met": True}
-    text = "\n".join(ttt_section(load_ttt(folder(tmp_path, stats), "res/ttt"), NO_FIGURE))
+    root = folder(tmp_path, stats)
+    make_run(root, "recipe/seed-1", 5.47, 2100.0, 'optimizer = "muon"\nattention = "cudnn"\nloss_chunks = 8\n')
+    stats["losses"] = {**LOSSES, "baseline/seed-1": {"wikitext2_loss": 7.6}, "recipe/seed-1": {"wikitext2_loss": 7.4}}
+    (root / "stats.json").write_text(json.dumps(stats))
+    text = "\n".join(ttt_section(load_ttt(root, "res/ttt"), NO_FIGURE))
     assert "**5.481**" in text and "| recipe | 5 | 5 | 30.2 ± 2.0 | 15.00M ± 0.10M |" in text
     assert "**Recipe / baseline time to target: 0.432** (tokens: 0.500)" in text
     assert "t = -35.50, df = 7.4, p = 1.2e-09" in text and "**faster**" in text and "goal ≤ 0.5x: met" in text
+    # the reading: 2100 / 2000 tokens/s, 10 steps of 1,000 tokens, the recipe stopping at 3000 tokens = step 3
+    assert "The recipe (Muon at lr 0.0006 with cuDNN attention and the loss in 8 chunks) runs at 1.05x" in text
+    assert "every 10 steps (0.01M tokens; the recipe stopped at step 3)" in text
+    assert "the recipe at the target scores 7.400 on average, the baseline after its pass 7.600" in text
 
 
 def test_no_stats_no_section(tmp_path):
@@ -77,5 +85,5 @@ def test_lm_eval_table_in_percent_with_stderr_and_unscored_tasks(tmp_path):
     text = "\n".join(lm_eval_section(((tmp_path / "eval.json", "m"),)))
     assert "| m | 26.0 ± 0.4 / 25.1 (10,042) | not scored | 53.1 ± 1.2 / 50.9 (1,838) |" in text
     # (0.2604 - 0.25) / 0.0044 = 2.36 standard errors on HellaSwag, (0.531 - 0.5) / 0.0116 = 2.67 on PIQA
-    assert "The largest acc above chance: m, 2.7 standard errors (piqa)." in text
+    assert "No score is more than 2.7 standard errors above chance (piqa, m)." in text
     assert "PIQA 50%" in text and lm_eval_section(()) == []

@@ -271,7 +271,7 @@ def _predictions(d: DocInputs) -> list[str]:
             "(Hoffmann et al. 2022).", "",
             "Loss law: the Chinchilla fit (Hoffmann et al. 2022, approach 3) as a prior, ±25% because its "
             "tokenizer and data differ from ours"
-            + ("." if d.ladder is None else "; our own ladder below is on ShareGPT, so it does not replace the "
+            + ("." if d.ladder is None else "; our own ladder (Appendix D) is on ShareGPT, so it does not replace the "
                "prior for FineWeb-Edu."), ""]
 
 
@@ -476,20 +476,24 @@ def _not_measured(d: DocInputs) -> list[str]:
 
 
 def _appendix(letter: str, lines: list[str]) -> list[str]:
-    """A section moved to the appendix: its first heading becomes 'Appendix <letter>: <heading>'."""
-    at = next(i for i, line in enumerate(lines) if line.startswith("## "))
+    """A section moved to the appendix: its first heading becomes 'Appendix <letter>: <heading>'; none stays none."""
+    at = next((i for i, line in enumerate(lines) if line.startswith("## ")), None)
+    if at is None:
+        return lines
     return [*lines[:at], f"## Appendix {letter}: {lines[at][3:]}", *lines[at + 1:]]
 
 
 def render(d: DocInputs) -> str:
-    """The post (recipe, predictions, their scores, the loss runs, cost), then the appendix of variant tables."""
+    """The post (recipe, predictions, their scores, the loss runs, cost), then the appendix: the calibration rows,
+    the variant tables, one GPU to two, and the scaling-law ladder behind the loss predictions."""
     figure = lambda name, caption: _figure_line(d, name, caption)  # noqa: E731
     check = d.calibration.get("loss_ladder")
     post = [*_intro(d), *_recipe(d), *_forms(d), *_predictions(d), *blind_section(d.blind),
-            *docs_loss.ladder_section(d.ladder, check, figure), *docs_ttt.ttt_section(d.ttt, figure),
+            *docs_ttt.ttt_section(d.ttt, figure),
             *docs_ttt.lm_eval_section(d.lm_evals), *_loss_curve(d), *_cost(d), *_not_measured(d)]
     appendix = [*_appendix("A", ["## The calibration rows", "", *_calibration_table(d)]),
-                *_appendix("B", _variants(d)), *_appendix("C", _scaling(d))]
+                *_appendix("B", _variants(d)), *_appendix("C", _scaling(d)),
+                *_appendix("D", docs_loss.ladder_section(d.ladder, check, figure))]
     return "\n".join(post + appendix)
 
 

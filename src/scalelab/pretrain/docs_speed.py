@@ -166,7 +166,7 @@ def _reading7(v7: dict, name: str) -> list[str]:
 
 def quality_sentence(r: Rounds) -> list[str]:
     v3, v4, v5 = r.get("fp8-tensor"), r.get("fp8-row"), r.get("row-kernels")
-    v6, v7 = r.get("tuned-launches"), r.get("loader-bf16res")
+    v6 = r.get("tuned-launches")
     if v5 and v6:  # the tuned round reran the check on equal val tokens; the loader round checked its bf16 stream so
         return _quality6(r, [d["quality"]["final_val_diff"] for d in (v3, v4) if d]
                          + [v5["quality"]["final_val_diff_as_measured"]])
