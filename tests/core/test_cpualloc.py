@@ -1,6 +1,6 @@
 """core/cpualloc.py: glibc accepts the three thresholds (each within mallopt's int and glibc's own bounds); a GPU
-process and SCALELAB_CPU_MALLOPT=0 leave the defaults. Each case in a fresh process, so the setting stays there. The speed it
-buys is measured by bench/cpu_alloc_ab.py, not here."""
+process and SCALELAB_CPU_MALLOPT=0 leave the defaults. Each case in a fresh process, so the setting stays there. The
+speed it buys is measured by bench/cpu_alloc_ab.py, not here."""
 from __future__ import annotations
 
 import os

@@ -76,7 +76,8 @@ def blind_section(folders: Sequence[tuple[Path, str]]) -> list[str]:
         return []
     lines = ["## Blind predictions of sizes never trained here", "",
              "Predicted (the models above and the ladder's law of Appendix D, intervals fixed in advance) and "
-             "committed before any run of either size; measured in a later commit. Error = measured / predicted - 1.", ""]
+             "committed before any run of either size; measured in a later commit. Error = measured / predicted "
+             "- 1.", ""]
     for path, shown in folders:
         lines += _folder_lines(path, shown)
     return lines

@@ -6,6 +6,7 @@ folders and the eval.json files; docs.py places the section."""
 from __future__ import annotations
 
 import tomllib
+from statistics import fmean
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,22 +133,18 @@ def _recipe(folder: Path, layout: str) -> str:
             f"attention and the loss in {tr.get('loss_chunks', 1)} chunks")
 
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
 def _reading(t: TttInputs) -> list[str]:
     """Where the gain comes from (tokens/s against tokens), the clock's granularity, and the held-out check."""
     base, rec = _side(t, "baseline"), _side(t, "recipe")
     if not base or not rec:
         return []
-    speed = _mean([r.tokens_per_s for r in rec]) / _mean([r.tokens_per_s for r in base])
+    speed = fmean([r.tokens_per_s for r in rec]) / fmean([r.tokens_per_s for r in base])
     grain = t.val_every * t.tokens_per_step
     stops = sorted({r.tokens // t.tokens_per_step for r in rec})
     held_b = [r.heldout_loss for r in base if r.heldout_loss is not None]
     held_r = [r.heldout_loss for r in rec if r.heldout_loss is not None]
-    held = (f" Held out (WikiText-2), the recipe at the target scores {_mean(held_r):.3f} on average, the baseline "
-            f"after its pass {_mean(held_b):.3f}: not a fit to the val split." if held_b and held_r else "")
+    held = (f" Held out (WikiText-2), the recipe at the target scores {fmean(held_r):.3f} on average, the baseline "
+            f"after its pass {fmean(held_b):.3f}: not a fit to the val split." if held_b and held_r else "")
     where = ("the gain is the optimizer's, in tokens" if speed < 1.2 else  # within 20%: kernels are a small part
              f"a factor {speed:.2f} of the gain is kernel speed, the rest tokens")
     return [f"The recipe ({_recipe(t.folder, rec[0].layout)}) runs at {speed:.2f}x the baseline's tokens/s: "
