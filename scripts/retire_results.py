@@ -49,10 +49,17 @@ def _record(what: str, root: Path, rel: Path, files: list[dict]) -> dict:
             "git_sha": head, "files": files}
 
 
-def _without_event(data: bytes, event: str, xz: bool) -> tuple[bytes, int]:
+def _event_of(line: bytes, where: str, n: int) -> object:
+    try:
+        return json.loads(line).get("event")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise SystemExit(f"{where}: line {n} is not a JSON object ({e}); --only should name JSON-lines files")
+
+
+def _without_event(data: bytes, event: str, xz: bool, where: str) -> tuple[bytes, int]:
     """JSON lines (xz-compressed when `xz`) less those whose "event" is `event`; (new bytes, lines dropped)."""
     lines = (lzma.decompress(data) if xz else data).splitlines(keepends=True)
-    kept = [ln for ln in lines if not ln.strip() or json.loads(ln).get("event") != event]
+    kept = [ln for n, ln in enumerate(lines, 1) if not ln.strip() or _event_of(ln, where, n) != event]
     body = b"".join(kept)
     return (lzma.compress(body, preset=9 | lzma.PRESET_EXTREME) if xz else body), len(lines) - len(kept)
 
@@ -61,20 +68,22 @@ def drop_event(folder: Path, why: str, event: str, only: str) -> dict:
     """Rewrite the tracked JSON-lines files under `folder` matching `only` without their `event` lines; write
     folder/retired.json with each file's original and new size and sha256."""
     root, rel, tracked = _tracked(folder)
-    files = []
-    for p in tracked:
+    files, rewritten = [], {}
+    for p in tracked:   # every file read and checked before any is written
         name = Path(p).relative_to(rel).as_posix()
         if not fnmatch.fnmatch(name, only):
             continue
         old = (root / p).read_bytes()
-        new, dropped = _without_event(old, event, name.endswith(".xz"))
+        new, dropped = _without_event(old, event, name.endswith(".xz"), p)
         if dropped:
             files.append({"path": name, "bytes": len(old), "sha256": hashlib.sha256(old).hexdigest(),
                           "dropped_lines": dropped, "kept_bytes": len(new),
                           "kept_sha256": hashlib.sha256(new).hexdigest()})
-            (root / p).write_bytes(new)
+            rewritten[p] = new
     if not files:
         raise SystemExit(f"{folder}: no tracked file matching {only!r} has a {event!r} line")
+    for p, new in rewritten.items():
+        (root / p).write_bytes(new)
     record = _record(f'the "{event}" lines of these files, no longer in the tracked tree: {why}; the rest of each '
                      f"file is unchanged (kept_sha256), the whole original", root, rel, files)
     (folder / "retired.json").write_text(json.dumps(record, indent=1) + "\n")

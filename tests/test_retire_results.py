@@ -95,3 +95,10 @@ def test_dropping_an_event_keeps_the_other_lines_and_records_both_hashes(repo):
     assert (folder / "run" / "metrics.jsonl").read_bytes() == b'{"step": 1}\n'   # not matched by --only
     with pytest.raises(SystemExit, match="one record per folder"):
         retire_results.drop_event(folder, "again", "gpu_samples", "*.jsonl.xz")
+
+
+def test_dropping_an_event_from_a_file_that_is_not_json_lines_names_it(repo):
+    folder = repo / "results" / "old"
+    with pytest.raises(SystemExit, match=r"results/old/README.md: line 1 is not a JSON object"):
+        retire_results.drop_event(folder, "x", "gpu_samples", "*.md")
+    assert (folder / "README.md").read_text() == "old study\n" and not (folder / "retired.json").exists()
