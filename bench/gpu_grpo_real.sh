@@ -26,7 +26,7 @@
 #        SOLO_PARTS (run first, alone, e.g. "update_bench update_profile rollout_bench"), STAGGER_S (seconds
 #        between the starts of side-by-side parts and recipe runs, default 5),
 #        RB_CASES (the rollout bench's cases, default
-#        "real-colocated real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"),
+#        "real-colocated real-colocated-sub real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"),
 #        STALE_STEPS, STALE_JOBS (default 40, and one run per 32 GiB of GPU memory, at most 3: a recipe run peaks at
 #        ~30 GB, its engine's 0.15 share included, so an H100 takes 2 and an H200 3), STALE_COMPILE (default false),
 #        STALE_K0, STALE_IS0, STALE_K1 (the k lists of seeds 0 and 1; STALE_K1="" skips seed 1),
@@ -166,9 +166,13 @@ rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model o
   local fixed=(--model random:qwen2.5-1.5b --tokenizer /tmp/smol-tokenizer --prompts 64 --group 16
                --max-new-tokens 256 --cudagraph-max 1024 --repeats 2 --no-update --no-sync)
   # RB_CASES picks cases (default all, in this order) when a window has room for only some
-  local cases=" ${RB_CASES:-real-colocated real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4} "
+  local all="real-colocated real-colocated-sub real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"
+  local cases=" ${RB_CASES:-$all} "
   want() { [[ $cases == *" $1 "* ]]; }
   want real-colocated && rb real-colocated "${real[@]}" --lora-rank 32
+  # the same with vLLM's engine core in a child process (weights synced over CUDA IPC): is the in-process engine
+  # core's Python, sharing the model runner's thread, what keeps the colocated engine under the standalone one?
+  want real-colocated-sub && rb real-colocated-sub "${real[@]}" --lora-rank 32 --engine-core subprocess
   # the standalone engine as a user runs it: vLLM's default engine core in a child process
   want real-standalone && VLLM_ENABLE_V1_MULTIPROCESSING=1 rb real-standalone "${real[@]}" \
     --engines hf,vllm_standalone --no-update --no-sync
