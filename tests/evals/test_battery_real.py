@@ -45,7 +45,12 @@ def test_gsm8k_and_mbpp_on_a_real_vllm_server(cached_qwen05, vllm_python, shared
         for e, item in zip(examples, items):
             assert item["completion"] and 0 < item["completion_tokens"] <= spec.max_tokens
             assert item["finish_reason"] in ("stop", "length")
-            assert item["correct"] == task.score(e, item["completion"]).correct, item["id"]
+            again = task.score(e, item["completion"])
+            if item["correct"] != again.correct:
+                # the one disagreement allowed: a sandboxed run the battery's loaded machine cut at its time limit
+                # (vLLM's CPU server shares the cores with the sandbox), which the quiet rerun passes
+                assert item["reason"].startswith(("failed: timeout", "failed: killed")) and again.correct, \
+                    (item["id"], item["reason"], again.reason)
             if spec.strict:
                 assert item["strict"] == strict_correct(e, item["completion"]), item["id"]
         assert b["tasks"][name]["correct"] == sum(i["correct"] for i in items)
