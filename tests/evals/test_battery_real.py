@@ -47,8 +47,8 @@ def test_gsm8k_and_mbpp_on_a_real_vllm_server(cached_qwen05, vllm_python, shared
             assert item["finish_reason"] in ("stop", "length")
             again = task.score(e, item["completion"])
             if item["correct"] != again.correct:
-                # the one disagreement allowed: a sandboxed run the battery's loaded machine cut at its time limit
-                # (vLLM's CPU server shares the cores with the sandbox), which the quiet rerun passes
+                # the one disagreement allowed: a sandboxed run the battery's loaded machine cut short (a limit's
+                # timeout or signal; vLLM's CPU server shares the cores with the sandbox), which the quiet rerun passes
                 assert item["reason"].startswith(("failed: timeout", "failed: killed")) and again.correct, \
                     (item["id"], item["reason"], again.reason)
             if spec.strict:

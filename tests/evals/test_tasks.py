@@ -70,8 +70,8 @@ def test_math500_test_and_math_train_are_disjoint(shared_data):
     test = task.load("test", source=str(shared_data / "math500"))
     with pytest.warns(UserWarning) as caught:
         train = task.load("train", source=str(shared_data / "math"))
-    # only the loader's own warnings: a worker running the whole suite may also record an unrelated one here (a
-    # ResourceWarning from an earlier test's object collected during this load)
+    # only the loader's own warnings: a worker running the whole suite recorded an unrelated one in this window
+    # once (which one is not known; its text did not match)
     found = [re.search(r"(\w+\.jsonl: line \d+): skipped", str(w.message)) for w in caught
              if issubclass(w.category, UserWarning) and "skipped" in str(w.message)]
     skipped = sorted(m.group(1) for m in found if m)
