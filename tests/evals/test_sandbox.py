@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from scalelab.evals.codetasks import run_tests
-from scalelab.evals.sandbox import Limits, available_layers, child_env, run_many, run_python
+from scalelab.evals.codetasks import run_tests, verdict
+from scalelab.evals.sandbox import Limits, available_layers, child_env, run_many, run_python, starved
 from scalelab.evals.tasks import get_task
 
 FAST = Limits(timeout_s=1.5)
@@ -77,8 +77,37 @@ def test_infinite_loops_are_killed_at_the_wall_clock(program):
     start = time.perf_counter()
     r = run_python(program, Limits(timeout_s=1.0))
     assert r.status == "timeout" and not r.ok
-    assert 0.9 < r.wall_s < 3.0 and time.perf_counter() - start < 4.0
+    assert 0.9 < r.wall_s < 3.0 and time.perf_counter() - start < 7.0  # a starved run is rerun once
     assert sandbox_processes() == 0
+
+
+def test_cpu_time_is_measured_for_busy_and_sleeping_programs():
+    busy = run_python("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass", FAST)
+    sleeping = run_python("import time\ntime.sleep(0.4)", FAST)
+    assert busy.ok and sleeping.ok and busy.reruns == sleeping.reruns == 0
+    assert 0.4 <= busy.cpu_s <= busy.wall_s + 0.05
+    assert sleeping.wall_s >= 0.4 and sleeping.cpu_s < busy.cpu_s - 0.3
+
+
+@pytest.mark.parametrize("status,error,cpu_s,expected", [
+    ("timeout", "wall-clock limit", 0.49, True),  # under half of the 1 s limit on the CPU: starved
+    ("timeout", "wall-clock limit", 0.5, False),  # half or more: the program itself was slow
+    ("timeout", "SIGXCPU", 0.1, False),  # the CPU limit, not the wall clock
+    ("error", "ZeroDivisionError", 0.0, False),
+    ("timeout", "wall-clock limit", None, False),  # not measured
+])
+def test_starved_means_a_wall_clock_timeout_with_little_cpu(status, error, cpu_s, expected):
+    assert starved(status, error, cpu_s, timeout_s=1.0) is expected
+
+
+def test_a_starved_run_is_rerun_once_and_says_so():
+    sleeper = "import time\ntime.sleep(5)"
+    once = run_python(sleeper, Limits(timeout_s=0.5, rerun_starved=False))
+    twice = run_python(sleeper, Limits(timeout_s=0.5))
+    assert once.status == twice.status == "timeout" and once.cpu_s < 0.25
+    assert (once.reruns, twice.reruns) == (0, 1)
+    assert "rerun after a starved first run" in verdict(False, twice)
+    assert "rerun" not in verdict(False, once)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -57,6 +57,8 @@ def verdict(passed: bool, result: RunResult) -> str:
     """The score's reason, ending in the sandbox layers the run had (so every recorded score says how the
     code it ran was confined)."""
     layers = f" [sandbox: {'+'.join(result.enforced) or 'none'}]"
+    if result.reruns:  # the first run was starved at the wall clock; this verdict is the second run's
+        layers = " [rerun after a starved first run]" + layers
     if passed:
         return f"passed ({result.wall_s:.2f} s)" + layers
     if result.ok:

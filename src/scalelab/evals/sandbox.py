@@ -6,7 +6,9 @@ Python but which native code could bypass (so loading native code is itself refu
 actually had are listed in `RunResult.enforced`; kernel layers are probed, not assumed.
 
 - runs forever: kernel. At `timeout_s` of wall clock the whole process group gets SIGKILL (a sleeping
-  loop too); RLIMIT_CPU backs it up for busy loops.
+  loop too); RLIMIT_CPU backs it up for busy loops. A run cut at the wall clock after less than half as
+  much CPU time was starved (a loaded host, or a program that sleeps), not slow: it runs once more, and
+  only the second run's verdict counts, so a busy machine does not score correct code as a timeout.
 - memory: kernel. RLIMIT_AS = `memory_mb`; a larger allocation raises MemoryError.
 - fork bomb: hook refuses fork/exec/spawn/subprocess/os.system (and the _posixsubprocess module that
   forks without an audit event); kernel: RLIMIT_NPROC = `max_processes` binds for a non-root user only
@@ -44,7 +46,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -69,6 +71,7 @@ class Limits:
     max_output_chars: int = 20_000  # of stdout / stderr kept in the result (the tail)
     layers: tuple[str, ...] = ALL_LAYERS  # confinement layers to attempt; tests switch them one by one
     allow_weak_sandbox: bool = False  # run even with no OS layer (hook + rlimits only); off: refuse to run
+    rerun_starved: bool = True  # a wall-clock timeout with CPU time < STARVED_CPU_SHARE of it runs once more
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.layers) - set(ALL_LAYERS))
@@ -87,6 +90,8 @@ class RunResult:
     stderr: str
     wall_s: float
     enforced: tuple[str, ...] = field(default=())  # layers that were active, e.g. ("netns", "landlock-fs", ...)
+    cpu_s: float | None = None  # user + system CPU time of the program (None: not measured)
+    reruns: int = 0  # 1 when a starved first run was discarded and this is the second
 
     @property
     def ok(self) -> bool:
@@ -184,6 +189,16 @@ def _hand_over(root: Path, uid: int) -> None:
 # running
 
 
+# A run cut at the wall clock with less CPU time than this share of the limit never had the CPU the limit
+# assumes: on 2 busy cores a correct program can be scheduled for well under half its wall time.
+STARVED_CPU_SHARE = 0.5
+
+
+def starved(status: str, error: str, cpu_s: float | None, timeout_s: float) -> bool:
+    return (status == "timeout" and error == "wall-clock limit" and cpu_s is not None
+            and cpu_s < STARVED_CPU_SHARE * timeout_s)
+
+
 def _classify(rc: int | None, timed_out: bool, stderr: str) -> tuple[str, str]:
     if timed_out:
         return "timeout", "wall-clock limit"
@@ -204,7 +219,24 @@ def _tail(path: Path, limit: int) -> str:
         return f.read().decode("utf-8", "replace")[-limit:]
 
 
-def _spawn(root: Path, limits: Limits) -> tuple[int | None, bool, tuple[str, ...], float]:
+def _wait(pid: int, timeout_s: float) -> tuple[int, bool, float]:
+    """(return code, timed out, CPU seconds): waits with wait4, which returns the child's resource usage
+    (its reaped descendants included), killing the process group at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.001
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        timed_out = not done and time.monotonic() >= deadline
+        if timed_out:
+            _kill_group(pid)
+            done, status, usage = os.wait4(pid, 0)
+        if done:
+            return os.waitstatus_to_exitcode(status), timed_out, usage.ru_utime + usage.ru_stime
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(2 * pause, 0.05)
+
+
+def _spawn(root: Path, limits: Limits) -> tuple[int | None, bool, tuple[str, ...], float, float]:
     read_fd, write_fd = os.pipe()
     drop = drop_uid() if "uid" in limits.layers else None
     uid = drop.uid if drop else None
@@ -222,19 +254,17 @@ def _spawn(root: Path, limits: Limits) -> tuple[int | None, bool, tuple[str, ...
                                 stdout=out, stderr=err, pass_fds=(write_fd,), start_new_session=True,
                                 **_as_user(uid))
     os.close(write_fd)
-    timed_out = False
     try:
-        proc.wait(timeout=limits.timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+        proc.returncode, timed_out, cpu_s = _wait(proc.pid, limits.timeout_s)
     finally:
-        _kill_group(proc.pid)  # also reaps anything the program left running in its session
-        proc.wait()
+        _kill_group(proc.pid)  # also ends anything the program left running in its session
+        if proc.returncode is None:  # interrupted while waiting
+            proc.wait()
     wall = time.perf_counter() - start
     with os.fdopen(read_fd, "rb") as f:
         report = f.read(4096)
     layers = tuple(json.loads(report)) if report else ()
-    return proc.returncode, timed_out, outer + layers, wall
+    return proc.returncode, timed_out, outer + layers, wall, cpu_s
 
 
 def _kill_group(pgid: int) -> None:
@@ -246,7 +276,15 @@ def _kill_group(pgid: int) -> None:
 
 def run_python(source: str, limits: Limits = Limits()) -> RunResult:
     """Run `source` as a program in a fresh sandbox; never raises for anything the program does. Raises
-    SandboxUnavailable, before anything runs, when no OS layer would hold and weak sandboxes are not allowed."""
+    SandboxUnavailable, before anything runs, when no OS layer would hold and weak sandboxes are not allowed.
+    A starved run (see STARVED_CPU_SHARE) is run once more when `limits.rerun_starved`."""
+    result = _run_once(source, limits)
+    if limits.rerun_starved and starved(result.status, result.error, result.cpu_s, limits.timeout_s):
+        result = replace(_run_once(source, limits), reruns=1)
+    return result
+
+
+def _run_once(source: str, limits: Limits) -> RunResult:
     if not limits.allow_weak_sandbox:
         require_os_layer(describe(limits))
     root = Path(tempfile.mkdtemp(prefix="scalelab-sandbox-"))
@@ -254,7 +292,7 @@ def run_python(source: str, limits: Limits = Limits()) -> RunResult:
         (root / "work").mkdir()
         (root / "io").mkdir()
         (root / "work" / "program.py").write_text(source)
-        rc, timed_out, enforced, wall = _spawn(root, limits)
+        rc, timed_out, enforced, wall, cpu_s = _spawn(root, limits)
         stdout = _tail(root / "io" / "stdout", limits.max_output_chars)
         stderr = _tail(root / "io" / "stderr", limits.max_output_chars)
     finally:
@@ -263,7 +301,7 @@ def run_python(source: str, limits: Limits = Limits()) -> RunResult:
         # the probe promised an OS layer that this run did not get; the child stopped before the program
         require_os_layer(SandboxInfo(enforced))
     status, error = _classify(rc, timed_out, stderr)
-    return RunResult(status, rc, error, stdout, stderr, wall, enforced)
+    return RunResult(status, rc, error, stdout, stderr, wall, enforced, cpu_s)
 
 
 def _remove_tree(root: Path) -> None:
