@@ -88,19 +88,22 @@ def _json(path: Path) -> dict | None:
         return None
 
 
-def _run_status(run: Path) -> PartStatus:
+def _run_status(run: Path, runs: Path) -> PartStatus:
+    """Done once trained and its tuned battery side is stored (the sweep part's marker) or its battery.json is
+    written; its weights need not be here (they stay on the machine that trained them unless shipped)."""
     results, battery = _json(run / "results.json"), _json(run / "battery" / "battery.json")
-    trained = results is not None and (run / "adapter" / "adapter_model.safetensors").is_file()
     if results is None:
         return PartStatus(f"run {run.name}", False, "not trained")
     acc = results.get("heldout_reward_accuracy_last")
     detail = f"{results.get('steps')} steps, held-out reward acc {acc if acc is None else round(acc, 3)}"
-    if not trained:
-        detail += ", adapter absent (retrained when needed)"
+    if not (run / "adapter" / "adapter_model.safetensors").is_file():
+        detail += ", weights not here"
+    side = (runs / f".done-tuned-{run.name}").is_file()
+    detail += ", tuned side stored" if side else ", tuned side not stored"
     if battery:
         mmlu = battery.get("comparisons", {}).get("mmlu", {})
         detail += f", battery {battery['evidence']['verdict']} (MMLU n {mmlu.get('n', '-')})"
-    return PartStatus(f"run {run.name}", trained and battery is not None, detail)
+    return PartStatus(f"run {run.name}", side or battery is not None, detail)
 
 
 def sampled_so_far(side: Path) -> str:
@@ -124,7 +127,7 @@ def status(runs: Path) -> list[PartStatus]:
                       f"{m.get('n_pairs')} pairs of {m.get('n_prompts')} questions (per-sample accuracy "
                       f"{m.get('sample_accuracy', float('nan')):.3f}; {m.get('prompts_all_correct')} all right, "
                       f"{m.get('prompts_all_wrong')} all wrong)")]
-    out += [_run_status(r) for r in sorted(sweep.iterdir()) if (r / "config.toml").is_file()] \
+    out += [_run_status(r, runs) for r in sorted(sweep.iterdir()) if (r / "config.toml").is_file()] \
         if sweep.is_dir() else []
     chosen = (_json(sweep / "selection.json") or {}).get("chosen")
     out.append(PartStatus("selection", chosen is not None, chosen["run"] if chosen else "no run chosen yet"))

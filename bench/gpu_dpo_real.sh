@@ -18,6 +18,8 @@
 #   bash bench/gpu_dpo_real.sh stop [SECONDS]       stop the launched work: the running part as at the window's
 #                                                    end (its servers with it), no later part; `launch` refuses
 #                                                    while one runs (two parts on one GPU starve each other)
+#   bash bench/gpu_dpo_real.sh ship RUN K           a trained run's adapter (74 MB with its weights) home: the
+#                                                    K-th four of its 15 MiB chunks into $OUT/adapter (K = 0, 1)
 # `work` runs PARTS in turn, each skipped when done and resumable when cut by the window (WORK_S):
 #   pairs    vLLM serves the base as "base" on port 8000 (the config's verifier.sampler_url, part of the set's
 #            manifest key) at half the GPU; `dpo data` samples 8 answers per GSM8K train question and keeps one
@@ -29,15 +31,20 @@
 #            the server's --max-num-seqs. Should sampling_ab show the per-request seeds cost most of the time,
 #            set verifier.request_seeds = false in CONFIG itself (not by --set here: the sweep finds the set by
 #            the config's manifest key).
-#   sweep    `dpo sweep --skip-trained`: the [sweep] runs one after another; a finished run is skipped, a cut one
-#            resumes from its last checkpoint (train.save_steps 50). Per DPO/IPO run ~310 steps x ~1.5 s (32 pairs
-#            x 2 x ~900 padded tokens; policy forward + backward + reference forward at ~35% of bf16 peak) + 32
-#            margin evaluations of 512 held-out pairs: ~10 min; ORPO (no reference) ~7 min. GPU ~47 min.
-#   battery  the base side (full MMLU, once for the sweep) beside each run's tuned side (the subset), at most
-#            BATTERY_JOBS processes at once; then every run's battery.json from the records, the sweep report,
-#            and the chosen run (`dpo select`) again on all of MMLU (its base record reused). Base ~15 min (MMLU
-#            5-shot ~8, TruthfulQA ~1, 964 own-task + 1,319 GSM8K greedy answers ~6), each tuned row ~9 min:
-#            ~30 min wall for the six sides at 3 at once, + ~8 min for the chosen run's full MMLU. GPU ~40 min.
+#   sweep    the [sweep] runs one after another (`dpo sweep --skip-trained --only RUN`: a finished run is kept,
+#            a cut one resumes from its last checkpoint, train.save_steps 50), each run's tuned battery side (the
+#            MMLU subset) in the background as soon as it has trained, beside the next run's training, and the
+#            base side (full MMLU, once for the sweep) beside the first. A run starts only with RUN_MIN_S left, as
+#            its weights do not travel back: its side has to finish in the window it trained in. The side's
+#            records are keyed by the sha256 written beside the weights, so they stay usable without them. Per
+#            DPO/IPO run ~310 steps x ~1.5 s (32 pairs x 2 x ~900 padded tokens; policy forward + backward +
+#            reference forward at ~35% of bf16 peak) + 32 margin evaluations of 512 held-out pairs: ~10 min; ORPO
+#            (no reference) ~7 min; base side ~15 min (MMLU 5-shot ~8, TruthfulQA ~1, 964 own-task + 1,319 GSM8K
+#            greedy answers ~6), each tuned side ~9 min. GPU ~50 min over several windows.
+#   battery  once the base side and every tuned side are stored: every run's battery.json from the records (no
+#            weights needed), the sweep report, and the chosen run (`dpo select`) again on all of MMLU (its base
+#            record reused): its weights carried in (`ship` brought them home; they go out in SEED), else
+#            trained again. GPU ~8 min (+10 to retrain).
 #   judge    vLLM serves the base as "judge" (30% of the GPU): `dpo judge-check` (GPT-4's reference answers
 #            against the base's, blind), then MT-Bench for the base and the chosen run with that judge and
 #            battery.judge_check, so a failed check reads "not measured: judge too weak" (evals.mtbench's own
@@ -55,16 +62,17 @@
 #            reference protocol, MATH-500, HumanEval, MBPP, IFEval-lite, tool calls through vLLM; MMLU, TruthfulQA,
 #            ARC-e/ARC-c, HellaSwag, PIQA through lm-eval), resumable per task, into $RUNS/baseline-$NAME; from
 #            the same chunk set. GPU ~30 min (the 0.5B's took ~25 with MMLU 5-shot at 8 min).
-# In all ~120 GPU minutes, more than one machine lease (30 min, ~10 of them moving the chunks): each lease's
+# In all ~120 GPU minutes, more than one machine lease (30 min, ~5 of them moving the chunks): each lease's
 # `poll` brings back runs.tgz (no weights, no checkpoints), and the next lease's prep carries it in as SEED_TGZ;
-# `work` restores it first (files already on the machine win). Adapters do not travel (74 MB each): a run whose
-# adapter is missing is retrained, deterministically on one GPU type, so its battery records are reused when its
-# adapter's sha256 matches theirs. The parts run in order, so a lease continues where the last one stopped.
+# `work` restores it first (files already on the machine win). Weights travel only when asked: `ship RUN 0` and
+# `ship RUN 1` after a run trains bring its adapter home in two calls (~20 s), for the window that needs it again
+# (the chosen run's full MMLU and MT-Bench); a run whose weights are missing there is trained again, and records
+# keyed by other weights are measured again. The parts run in order, so a lease continues where the last stopped.
 #   env: OUT (default /tmp/out), RUNS (default /tmp/dpo-runs), WORK_S (default 1140), DATA (default /tmp/data),
 #        TREE (the copy of the tree `launch` runs from, default /tmp/tree-dpo: bench/snapshot.sh),
 #        PARTS (default "pairs sweep battery judge hh"), SWEEP_ONLY (runs of the sweep to train now, e.g.
-#        "dpo-beta0.1,ipo-beta1"), BATTERY_JOBS (default 3; each process holds ~25 GB in lm-eval's MMLU batches
-#        and up to ~40 GB in a 256-prompt generate batch of MBPP's longest prompts: 2 if the GPU runs out),
+#        "dpo-beta0.1,ipo-beta1"), RUN_MIN_S (default 1080: the seconds a run's training and its tuned battery
+#        side need, below which the sweep starts no further run in this window),
 #        SEED (default /tmp/seed.tgz when setup left one), PAIRS_MAX_SEQS (default 2048), LM_EVAL_BS (the
 #        baseline's lm-eval batch, default 16: at 8 HellaSwag ran 235 requests/s; at 32 MMLU's first batch asked
 #        for 26.5 GiB of log-softmax beside 58.6 GiB in use and ran out of an H100's memory), BASELINE_TASKS (the
@@ -76,7 +84,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
        VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1 TRL_EXPERIMENTAL_SILENCE=1 \
        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/dpo-runs}; WORK_S=${WORK_S:-1140}; DATA=${DATA:-/tmp/data}
-PARTS=${PARTS:-"pairs sweep battery judge hh"}; BATTERY_JOBS=${BATTERY_JOBS:-3}
+PARTS=${PARTS:-"pairs sweep battery judge hh"}; RUN_MIN_S=${RUN_MIN_S:-1080}
 PAIRS_MAX_SEQS=${PAIRS_MAX_SEQS:-2048}; LM_EVAL_BS=${LM_EVAL_BS:-16}; BASELINE_TASKS=${BASELINE_TASKS:-all}
 export SCALELAB_CACHE=${SCALELAB_CACHE:-/tmp/scalelab-cache} SCALELAB_SHARED_DATA=$DATA
 export PYTHONPATH=$PWD/src:/tmp/site:/tmp/vllm-site/site
@@ -156,16 +164,16 @@ restore() {  # an earlier window's results (SEED, a runs.tgz), once per machine;
 }
 
 provenance() {  # one record per window: the commit, the window and the knobs
-  python3 - "$SCALELAB_GIT_SHA" "$WORK_S" "$PARTS" "${SWEEP_ONLY:-}" "$BATTERY_JOBS" "$CONFIG" "$HH_CONFIG" \
+  python3 - "$SCALELAB_GIT_SHA" "$WORK_S" "$PARTS" "${SWEEP_ONLY:-}" "$RUN_MIN_S" "$CONFIG" "$HH_CONFIG" \
     "$BASELINE_TASKS" "$LM_EVAL_BS" > "$RUNS/provenance-window-$(date -u +%Y%m%dT%H%M%SZ).json" <<'PY'
 import json, sys, time
-sha, work_s, parts, only, jobs, config, hh, tasks, bs = sys.argv[1:]
+sha, work_s, parts, only, run_min_s, config, hh, tasks, bs = sys.argv[1:]
 command = f"SCALELAB_GIT_SHA={sha} PARTS='{parts}' WORK_S={work_s}"
 if "baseline" in parts.split():
     command += f" BASELINE_TASKS={tasks} LM_EVAL_BS={bs}"
 print(json.dumps({"command": command + " bash bench/gpu_dpo_real.sh launch", "git_sha": sha,
                   "started_unix": time.time(), "work_s": int(work_s), "parts": parts.split(), "sweep_only": only,
-                  "battery_jobs": int(jobs), "config": config, "hh_config": hh, "baseline_tasks": tasks,
+                  "run_min_s": int(run_min_s), "config": config, "hh_config": hh, "baseline_tasks": tasks,
                   "lm_eval_batch_size": int(bs)}, indent=1))
 PY
 }
@@ -178,11 +186,30 @@ pairs() {  # the verifier set, sampled from the base through vLLM and graded by 
     >> "$LOGS/pairs.log" 2>&1 && mark pairs
 }
 
-sweep() {  # no marker: a sweep whose runs have all trained (adapter there) only rewrites its report
+has_weights() { [ -f "$SWEEP/$1/adapter/adapter_model.safetensors" ]; }
+
+train_run() {  # $1 = a planned run: trained, or resumed from its checkpoint; a finished one with weights is kept
+  bounded python3 -m scalelab.cli dpo sweep --config "$CONFIG" --name gsm8k --skip-trained --only "$1" \
+    --set "run.out_dir=\"$RUNS\"" "${BSETS[@]}" >> "$LOGS/sweep.log" 2>&1
+  has_weights "$1"
+}
+
+sweep() {  # each planned run in turn (SWEEP_ONLY: these of them), then its tuned battery side in the background
+  # while the next trains: the side's records are keyed by the sha256 recorded beside the weights, so no run's
+  # weights have to outlive the window they were trained in. The base side starts first, beside the first run.
   done_part pairs || { echo "sweep: no verifier set yet (pairs)" >> "$LOGS/work.log"; return 1; }
-  enough sweep 300 || return 0
-  bounded python3 -m scalelab.cli dpo sweep --config "$CONFIG" --name gsm8k --skip-trained \
-    --set "run.out_dir=\"$RUNS\"" "${BSETS[@]}" ${SWEEP_ONLY:+--only "$SWEEP_ONLY"} >> "$LOGS/sweep.log" 2>&1
+  local run pids=()
+  done_part base-side || { battery_side "$SWEEP" base && mark base-side; } & pids+=($!)
+  for run in $(planned); do
+    [[ -z ${SWEEP_ONLY:-} || ",$SWEEP_ONLY," == *",$run,"* ]] || continue
+    done_part "tuned-$run" && continue
+    if ! has_weights "$run"; then
+      enough "sweep $run" "$RUN_MIN_S" || break  # its training and its side both in this window
+      train_run "$run" || { echo "sweep: $run did not finish training" >> "$LOGS/work.log"; break; }
+    fi
+    { battery_side "$SWEEP/$run" tuned && mark "tuned-$run"; } & pids+=($!)
+  done
+  wait "${pids[@]}"
 }
 
 battery_side() {  # $1 = a run or the sweep folder, $2 = side, then --set overrides; a log per target and side
@@ -193,42 +220,39 @@ battery_side() {  # $1 = a run or the sweep folder, $2 = side, then --set overri
 
 planned() { python3 bench/gpu_dpo_real.py plan "$CONFIG"; }  # the run names of the config's [sweep]
 
-all_trained() {  # every planned run has results and its adapter (a restored folder has none until retrained)
-  local run names
-  names=$(planned) || return 1
-  for run in $names; do
-    [ -f "$SWEEP/$run/results.json" ] && [ -f "$SWEEP/$run/adapter/adapter_model.safetensors" ] || return 1
-  done
+chosen_run() {  # the run the config's [selection] rule picks from the training-time held-out numbers
+  sl dpo select "$SWEEP" --name-only 2>> "$LOGS/battery.log"
 }
 
-battery() {  # the base side in full beside each run's tuned side (subset rows), then battery.json, then the chosen
+with_weights() {  # $1 = run: its weights here: carried in (`ship` took them home), else trained again
+  has_weights "$1" && return 0
+  enough "retrain $1" "$RUN_MIN_S" || return 1
+  train_run "$1"
+}
+
+battery() {  # once the base side and every run's tuned side are stored: every battery.json from the records (no
+  # weights needed), the sweep's report, then the chosen run on all of MMLU
   done_part battery && return 0
-  all_trained || { echo "battery: not every run has trained (sweep)" >> "$LOGS/work.log"; return 1; }
-  enough battery 600 || return 0
-  local run chosen pids=()
-  battery_side "$SWEEP" base & pids+=($!)
-  for run in $(planned); do
-    while [ "$(jobs -rp | wc -l)" -ge "$BATTERY_JOBS" ]; do sleep 10; done
-    battery_side "$SWEEP/$run" tuned & pids+=($!)
+  local run chosen
+  for run in base-side $(for run in $(planned); do echo "tuned-$run"; done); do
+    done_part "$run" || { echo "battery: $run not stored yet (sweep)" >> "$LOGS/work.log"; return 1; }
   done
-  wait "${pids[@]}"
-  battery_side "$SWEEP" both || return 1  # every run's battery.json from the records, and the sweep's REPORT.md
-  chosen=$(sl dpo select "$SWEEP" --name-only 2>> "$LOGS/battery.log") || return 1
+  battery_side "$SWEEP" both || return 1
+  chosen=$(chosen_run) || return 1
   echo "battery: chosen $chosen" >> "$LOGS/work.log"
-  battery_side "$SWEEP/$chosen" both --set battery.mmlu_subset=0 || return 1  # the chosen run on all of MMLU
+  with_weights "$chosen" || return 1
+  enough "battery $chosen on all of MMLU" 600 || return 1
+  battery_side "$SWEEP/$chosen" both --set battery.mmlu_subset=0 || return 1
   sl dpo report "$SWEEP" >> "$LOGS/battery.log" 2>&1 && mark battery
 }
 
 judge() {  # the 1.5B base as the judge: the check, then MT-Bench of the base and the chosen run
   done_part judge && return 0
   done_part battery || { echo "judge: the battery has not finished" >> "$LOGS/work.log"; return 1; }
-  enough judge 600 || return 0
   local chosen
-  chosen=$(sl dpo select "$SWEEP" --name-only) || return 1
-  if [ ! -f "$SWEEP/$chosen/adapter/adapter_model.safetensors" ]; then  # restored without weights: retrain it
-    SWEEP_ONLY=$chosen sweep
-    [ -f "$SWEEP/$chosen/adapter/adapter_model.safetensors" ] || return 1
-  fi
+  chosen=$(chosen_run) || return 1
+  with_weights "$chosen" || return 1
+  enough judge 600 || return 0
   served judge 0.3 8192 judge bash "$0" judged >> "$LOGS/judge.log" 2>&1 && mark judge
 }
 
@@ -241,6 +265,22 @@ judged() {  # under the judge's server ($SERVER_URL): GPT-4 vs the base's answer
     --set "battery.judge_url=\"$SERVER_URL\"" --set 'battery.judge_model="judge"' \
     --set "battery.judge_check=\"$check/judge_check.json\"" || return 1
   sl dpo report "$SWEEP"
+}
+
+ship() {  # $1 = run, $2 = K: its adapter folder (weights included) in 15 MiB chunks, the K-th four of them and the
+  # manifest into $OUT/adapter (what one call brings back); here, `python3 -m scalelab.core.chunks join` the
+  # calls' folders into the next window's SEED (gsm8k/RUN/adapter), and `with_weights` finds them there
+  local run=${1:?usage: ship RUN K} k=${2:?usage: ship RUN K} parts i
+  has_weights "$run" || { echo "ship: $run has no weights here" >&2; return 1; }
+  parts=$RUNS/.ship/$run-$(sha256sum "$SWEEP/$run/adapter/adapter_model.safetensors" | cut -c1-16)  # these weights'
+  [ -f "$parts/adapter.manifest.json" ] || python3 -m scalelab.core.chunks split "$SWEEP/$run/adapter" "$parts" \
+    --max-mib 15 > /dev/null || return 1
+  rm -rf "$OUT/adapter" && mkdir -p "$OUT/adapter" && cp "$parts/adapter.manifest.json" "$OUT/adapter/" || return 1
+  for i in 0 1 2 3; do
+    local f; f=$(printf "%s/adapter.part%04d" "$parts" $((4 * k + i)))
+    [ ! -f "$f" ] || cp "$f" "$OUT/adapter/"
+  done
+  ls "$OUT/adapter" | grep -c part
 }
 
 hh() {  # HH-RLHF harmless-base, off-policy: its held-out reward accuracy and margin are the result
@@ -271,7 +311,8 @@ baseline() {  # the base model's own battery, each task stored when it ends (a c
 pack() {  # the run folders without weights, checkpoints or caches, as one archive (chunks past 15 MiB)
   rm -rf "$OUT/runs" "$OUT/runs.tgz"
   tar -czf "$OUT/runs.tgz.tmp" -C "$RUNS" --exclude='checkpoint*' --exclude='*.safetensors' --exclude='*.pt' \
-    --exclude=merged --exclude=.locks --exclude=lm-eval-requests --exclude=.seeded --exclude=work.done . \
+    --exclude=merged --exclude=.locks --exclude=lm-eval-requests --exclude=.seeded --exclude=work.done \
+    --exclude=.ship . \
     && mv "$OUT/runs.tgz.tmp" "$OUT/runs.tgz" || return 1
   if [ "$(stat -c %s "$OUT/runs.tgz")" -gt $((15 * 1024 * 1024)) ]; then
     python3 -m scalelab.core.chunks split "$OUT/runs.tgz" "$OUT/runs" --max-mib 15 && rm "$OUT/runs.tgz"
@@ -332,8 +373,9 @@ case "${1:-}" in
   stop) stop "${2:-90}" ;;
   work) work ;;
   judged) judged ;;
+  ship) ship "${2:-}" "${3:-}" ;;
   poll) poll "${2:?usage: bash bench/gpu_dpo_real.sh poll SECONDS}" ;;
   status) python3 bench/gpu_dpo_real.py status "$RUNS" ;;
   *) echo "usage: bash bench/gpu_dpo_real.sh prep [CHUNK_DIR [SEED_TGZ]] | bundle | setup CHUNK_DIR | launch | work |" \
-          "poll SECONDS | stop [SECONDS] | status" >&2; exit 2 ;;
+          "poll SECONDS | stop [SECONDS] | ship RUN K | status" >&2; exit 2 ;;
 esac

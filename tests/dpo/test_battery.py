@@ -292,6 +292,30 @@ def test_a_changed_setting_measures_again(tiny_model_dir, tmp_path, counted):
     assert b["comparisons"]["target"]["n"] == 5
 
 
+def test_records_are_found_by_the_recorded_sha_once_the_weights_are_gone(tiny_model_dir, tmp_path, counted):
+    """A run folder that travelled without its weights (packed for the trip home) still assembles battery.json
+    from its records through the sha256 written beside the weights; a record it lacks is a clear error, not a
+    measurement of the base model under the adapter's name."""
+    from scalelab.dpo.export import WEIGHTS, recorded_weights_sha, write_weights_sha
+    cfg, run = make_run(tmp_path, "r", tiny_model_dir, ["battery.parts=['target']", *GEN_ONLY[3:]])
+    adapter = run / "adapter"
+    digest = write_weights_sha(adapter)
+    assert digest == bat.sha256_file(adapter / WEIGHTS) and recorded_weights_sha(adapter) == digest
+    first = bat.run_battery(cfg, run)
+    (adapter / WEIGHTS).unlink()
+    counted.clear()
+    again = bat.run_battery(cfg, run)
+    assert counted == Counter() and again["adapter_sha256"] == first["adapter_sha256"] == digest
+    assert again["comparisons"] == first["comparisons"]
+    cfg5 = load_dpo_config(None, [f"model.name='{tiny_model_dir}'", "model.device='cpu'", "model.dtype='float32'",
+                                  "battery.parts=['target']", *GEN_ONLY[3:], "battery.target_n=5"])
+    with pytest.raises(FileNotFoundError, match=f"absent, and the tuned side's target record .*{digest}.*retrain"):
+        bat.run_battery(cfg5, run, side="tuned")
+    (adapter / "adapter_model.safetensors.sha256").write_text("not-a-digest\n")
+    with pytest.raises(ValueError, match="adapter_model.safetensors.sha256: not a sha256 hex digest"):
+        bat.run_battery(cfg, run)
+
+
 def test_a_run_without_adapter_is_a_clear_error(tmp_path):
     cfg = load_dpo_config(None, [])
     with pytest.raises(FileNotFoundError, match="adapter_model.safetensors.*scalelab dpo train"):

@@ -196,6 +196,26 @@ def test_server_command_serves_the_adapter_as_tuned(tmp_path):
         ServerPlan(Path("/m"), tmp_path / "log", tmp_path / "missing").engine_spec(8123)
 
 
+@pytest.mark.parametrize("share, flag", [(0.0, None), (0.2, "0.2")])
+def test_the_battery_server_takes_its_memory_share_and_records_keep_their_keys(tiny_model_dir, tmp_path, share,
+                                                                               flag):
+    """vLLM's default share (0.9) would leave nothing for a training run or a second battery process on the GPU;
+    the share sizes the KV cache only, so a record measured at one share is reused at another."""
+    cfg, run = make_run(tmp_path, "r", tiny_model_dir, [*GEN_ONLY, "battery.generation_backend='vllm'",
+                                                        f"battery.vllm_gpu_memory_utilization={share}"])
+    side = bat.Side("tuned", run / "battery" / "tuned", cfg, run / "adapter", "ab" * 32)
+    cmd = build_command(bat.vllm_generator(side).plan.engine_spec(8123))
+    assert dict(zip(cmd, cmd[1:])).get("--gpu-memory-utilization") == flag
+    default = dataclasses.replace(cfg, battery=dataclasses.replace(cfg.battery, vllm_gpu_memory_utilization=0.0))
+    part = bat.plan(cfg)[0]
+    assert side.part_path(part) == dataclasses.replace(side, cfg=default).part_path(part)
+
+
+def test_a_memory_share_above_one_is_refused():
+    with pytest.raises(ConfigError, match="vllm_gpu_memory_utilization"):
+        load_dpo_config(None, ["battery.vllm_gpu_memory_utilization=1.5"])
+
+
 class FakeTokenizer:
     def decode(self, ids, skip_special_tokens=False):
         return " ".join(map(str, ids))

@@ -95,7 +95,11 @@ def test_status_of_a_hand_made_runs_folder(tmp_path):
     rows = {r.part: r for r in real.status(tmp_path)}
     assert rows["pairs"].done and rows["pairs"].detail.startswith("5400 pairs of 7473 questions")
     assert rows["run dpo-beta0.1"].done and "battery PASS (MMLU n 2000)" in rows["run dpo-beta0.1"].detail
-    assert not rows["run dpo-beta0.3"].done and "adapter absent" in rows["run dpo-beta0.3"].detail
+    assert not rows["run dpo-beta0.3"].done and "weights not here, tuned side not stored" in rows[
+        "run dpo-beta0.3"].detail
+    (tmp_path / ".done-tuned-dpo-beta0.3").write_text("")    # its side was measured in the window it trained in
+    rows = {r.part: r for r in real.status(tmp_path)}
+    assert rows["run dpo-beta0.3"].done and "tuned side stored" in rows["run dpo-beta0.3"].detail
     assert rows["selection"].detail == "dpo-beta0.1"
     assert not rows["judge"].done and not rows["hh"].done
     assert real.main(["status", str(tmp_path)]) == 0 and (tmp_path / "status.json").is_file()
@@ -185,3 +189,114 @@ def test_each_window_records_the_baseline_knobs_it_ran_with(tmp_path):
     assert (prov["parts"], prov["work_s"], prov["baseline_tasks"], prov["lm_eval_batch_size"]) == (
         ["baseline"], 100, "mc", 8)
     assert "baseline: not started, " in (runs / "logs" / "work.log").read_text()
+
+
+# a python3 stand-in for the sweep's and battery's calls: records its argv, "trains" the run of `--only` (its
+# results and weights appear), names run b as the chosen one
+SWEEP_STAND_IN = """#!/usr/bin/env bash
+echo "$*" >> "$CALLS"
+case "$*" in
+  "bench/gpu_dpo_real.py plan"*) echo "a b c" ;;
+  *"dpo sweep"*) run=$(echo "$*" | sed -E 's/.*--only ([^ ]+).*/\\1/'); mkdir -p "$RUNS/gsm8k/$run/adapter"
+                 : > "$RUNS/gsm8k/$run/adapter/adapter_model.safetensors"
+                 echo '{}' > "$RUNS/gsm8k/$run/results.json" ;;
+  *"dpo select"*) echo b ;;
+esac
+"""
+
+
+def _dpo_work(tmp_path: Path, parts: str, **env: str) -> list[str]:
+    bindir, calls, runs = tmp_path / "bin", tmp_path / "calls.txt", tmp_path / "runs"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "python3").write_text(SWEEP_STAND_IN)
+    (bindir / "python3").chmod(0o755)
+    calls.unlink(missing_ok=True)
+    run_env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "CALLS": str(calls), "RUNS": str(runs),
+               "OUT": str(tmp_path / "out"), "SCALELAB_GIT_SHA": "0" * 40, "PARTS": parts, "WORK_S": "3000", **env}
+    done = subprocess.run(["bash", "bench/gpu_dpo_real.sh", "work"], cwd=REPO, env=run_env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [line for line in calls.read_text().splitlines() if "dpo sweep" in line or "dpo battery" in line
+            or "dpo select" in line]
+
+
+def _short(line: str) -> str:
+    """'train a', 'battery gsm8k/a tuned', 'battery gsm8k both', 'battery gsm8k/b both subset0', 'select'."""
+    words = line.split()
+    if "sweep" in words:
+        return f"train {words[words.index('--only') + 1]}"
+    if "select" in words:
+        return "select"
+    target = "/".join(Path(words[words.index("battery") + 1]).parts[-2:]).replace("runs/", "")
+    side = words[words.index("--side") + 1]
+    return f"battery {target} {side}" + (" subset0" if "battery.mmlu_subset=0" in words else "")
+
+
+def test_each_run_trains_then_measures_its_tuned_side_in_the_same_window(tmp_path):
+    """No run's weights must outlive the window it trained in: its tuned side follows its training; a run whose
+    side is stored is skipped even without weights (they did not travel), one without it is trained again."""
+    runs = tmp_path / "runs"
+    (runs / "gsm8k" / "b").mkdir(parents=True)
+    (runs / "gsm8k" / "b" / "results.json").write_text("{}")    # came back: trained, side stored, no weights
+    for part in ("pairs", "tuned-b"):
+        (runs / f".done-{part}").write_text("")
+    calls = [_short(c) for c in _dpo_work(tmp_path, "sweep")]
+    assert sorted(calls) == sorted(["battery gsm8k base", "train a", "battery gsm8k/a tuned", "train c",
+                                    "battery gsm8k/c tuned"])
+    assert calls.index("train a") < calls.index("battery gsm8k/a tuned") and calls.index("train a") < calls.index(
+        "train c") < calls.index("battery gsm8k/c tuned")
+    assert all((runs / f".done-{m}").is_file() for m in ("base-side", "tuned-a", "tuned-c"))
+    assert _dpo_work(tmp_path, "sweep") == []          # all stored: nothing is trained or measured again
+
+
+def test_no_run_starts_without_the_time_for_its_training_and_side(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / ".done-pairs").write_text("")
+    calls = [_short(c) for c in _dpo_work(tmp_path, "sweep", WORK_S="900", RUN_MIN_S="1080")]
+    assert calls == ["battery gsm8k base"]
+    assert "sweep a: not started, " in (runs / "logs" / "work.log").read_text()
+
+
+def test_the_battery_assembles_from_records_then_gets_the_chosen_runs_weights_back(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "gsm8k").mkdir(parents=True)
+    for part in ("pairs", "base-side", "tuned-a", "tuned-b"):
+        (runs / f".done-{part}").write_text("")
+    assert _dpo_work(tmp_path, "battery") == []        # c's side is not stored: nothing runs
+    assert "battery: tuned-c not stored yet" in (runs / "logs" / "work.log").read_text()
+    (runs / ".done-tuned-c").write_text("")
+    calls = [_short(c) for c in _dpo_work(tmp_path, "battery")]
+    assert calls == ["battery gsm8k both", "select", "train b", "battery gsm8k/b both subset0"]
+    assert (runs / ".done-battery").is_file()
+
+
+def test_ship_brings_an_adapter_home_in_calls_of_four_chunks(tmp_path):
+    """`ship RUN K` puts the K-th four 15 MiB chunks of the run's adapter folder and the manifest in $OUT/adapter;
+    the calls' folders join back into the same folder here, also after the run was trained again."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    adapter = runs / "gsm8k" / "b" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text('{"r": 16}')
+    env = {**os.environ, "RUNS": str(runs), "OUT": str(out), "SCALELAB_GIT_SHA": "0" * 40,
+           "PYTHONPATH": str(REPO / "src")}
+    for version in ("first", "retrained"):
+        weights = os.urandom(70 * 2**20)
+        (adapter / "adapter_model.safetensors").write_bytes(weights)
+        home = tmp_path / "home" / version
+        for k, expected in ((0, "4"), (1, "1")):
+            done = subprocess.run(["bash", "bench/gpu_dpo_real.sh", "ship", "b", str(k)], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0 and done.stdout.split()[-1] == expected, done.stderr
+            assert all(f.stat().st_size <= 15 * 2**20 for f in (out / "adapter").iterdir())
+            (home / str(k)).mkdir(parents=True)
+            for f in (out / "adapter").iterdir():
+                (home / str(k) / f.name).write_bytes(f.read_bytes())
+        back = tmp_path / "back" / version
+        joined = subprocess.run([sys.executable, "-m", "scalelab.core.chunks", "join", str(back), str(home / "0"),
+                                 str(home / "1")], env=env, capture_output=True, text=True)
+        assert joined.returncode == 0, joined.stderr
+        assert (back / "adapter_model.safetensors").read_bytes() == weights
+    missing = subprocess.run(["bash", "bench/gpu_dpo_real.sh", "ship", "a", "0"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "ship: a has no weights here" in missing.stderr

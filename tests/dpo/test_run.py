@@ -55,7 +55,10 @@ def test_tiny_run_folder(tiny_model_dir, tmp_path, monkeypatch):
     assert margins[-1]["drift_abs_logratio_chosen_nats"] > 0
     assert all(sum(m["hist_counts"]) == m["n_pairs"] == min(6, data["n_val"]) for m in margins)
     assert (rd.path / "figures" / "margins.png").stat().st_size > 1000
-    assert (rd.path / "adapter" / "adapter_model.safetensors").is_file()
+    weights = rd.path / "adapter" / "adapter_model.safetensors"
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()  # recorded, so the folder names them without them
+    assert (rd.path / "adapter" / "adapter_model.safetensors.sha256").read_text() == digest + "\n"
+    assert next(rd.events("train_end"))["adapter_sha256"] == digest
     assert (rd.path / "preferences.manifest.json").is_file()
 
     assert results == rd.read("results.json") | {"predictions": results["predictions"]}

@@ -21,7 +21,9 @@ Files (each part's record is written when the part finishes, so a rerun resumes 
     <run parent>/battery-base/<model key>/<part>-<spec hash>.json   the base side, shared by every run of a
                                                                     sweep (the spec holds every setting
                                                                     that decides the measurement)
-    <run>/battery/tuned/<part>-<spec hash>.json                     the tuned side (spec + adapter sha256)
+    <run>/battery/tuned/<part>-<spec hash>.json                     the tuned side (spec + adapter sha256;
+                                                                    the sha256 recorded beside the weights
+                                                                    stands for them where they are absent)
     <run>/battery/battery.json                                      comparisons, lengths, evidence bar
     <side folder>/vllm-<side>-<pid>.log                             the vLLM server's log (backend vllm)
     <folder>/.locks/<part>-<hash>.lock                              held while that record is measured, so
@@ -54,6 +56,7 @@ from scalelab.core.jsonio import is_stored, read_json, write_json
 from scalelab.core.rundir import RunDir
 from scalelab.dpo import battery_stats as stats
 from scalelab.dpo.config import DpoConfig
+from scalelab.dpo.export import WEIGHTS, recorded_weights_sha
 from scalelab.dpo.generate import Conversation, Generation, greedy_generate
 from scalelab.dpo.generate_vllm import ServerPlan, VllmGenerator, require_vllm
 from scalelab.dpo.judge_check import judge_gate, read_check
@@ -238,8 +241,10 @@ def vllm_generator(side: Side) -> VllmGenerator:
     vLLM's LoRA path for the tuned side, and the tokenizer the HF path loads for the same model."""
     folder, (_, dtype) = model_folder(side.cfg), eval_device_dtype(side.cfg)
     trust = side.cfg.model.trust_remote_code
+    share = side.cfg.battery.vllm_gpu_memory_utilization
     plan = ServerPlan(folder, side.folder / f"vllm-{side.name}-{os.getpid()}.log", side.adapter, dtype,
-                      vllm_python(), trust_remote_code=trust)
+                      vllm_python(), trust_remote_code=trust,
+                      extra_flags={"gpu-memory-utilization": share} if share else {})
     release_cuda_cache()
     return VllmGenerator(plan, load_tokenizer(str(folder), None, trust))
 
@@ -275,10 +280,24 @@ def model_folder(cfg: DpoConfig) -> Path:
 
 
 def adapter_sha256(adapter: Path) -> str:
-    weights = adapter / "adapter_model.safetensors"
-    if not weights.is_file():
+    """Of the weights; where they are absent, the sha256 recorded when they were saved (dpo.export), so a run
+    folder that travelled without its weights still finds its tuned records."""
+    weights = adapter / WEIGHTS
+    if weights.is_file():
+        return sha256_file(weights)
+    recorded = recorded_weights_sha(adapter)
+    if recorded is None:
         raise FileNotFoundError(f"{weights}: no adapter weights; train the run first (scalelab dpo train)")
-    return sha256_file(weights)
+    return recorded
+
+
+def require_weights(side: Side, part: Part) -> None:
+    """A record that must be measured needs the weights its sha256 names, not only the name."""
+    if side.adapter is not None and not (side.adapter / WEIGHTS).is_file():
+        raise FileNotFoundError(
+            f"{side.adapter / WEIGHTS}: absent, and the {side.name} side's {part.name} record for the weights of "
+            f"sha256 {side.adapter_sha256} is not stored; retrain the run (scalelab dpo train) to measure it "
+            "(records are keyed by the new weights' sha256)")
 
 # ---------------------------------------------------------------------------------------------
 # measuring one part on one side
@@ -402,6 +421,7 @@ def run_part(part: Part, side: Side, rd: RunDir) -> dict:
             rd.log_event("battery_part", side=side.name, part=part.name, reused=True, path=str(path),
                          waited_s=round(waited_s, 3))
             return record
+        require_weights(side, part)
         if part.kind == "lm_eval":
             side.release()  # lm-eval loads its own copy of the model
         t0 = time.perf_counter()

@@ -194,6 +194,10 @@ class BatteryConfig:
               "continuously batched, the adapter served on vLLM's LoRA path so no merged copy is written; same "
               "prompts, limits and scoring, but its records are kept apart from hf's (greedy decoding may differ "
               "by numerics)")
+    vllm_gpu_memory_utilization: float = param(
+        0.0, "with generation_backend 'vllm': the server's share of GPU memory; 0 = vLLM's default (0.9), which "
+             "leaves no room for a training run or another battery process on the same GPU. Not part of a "
+             "record's spec: the share sizes the KV cache, not what greedy decoding returns", ge=0.0, le=1.0)
     judge_url: str = param("", "OpenAI-compatible base URL of the MT-Bench judge; '' = MT-Bench not measured")
     judge_model: str = param("", "judge model name; '' = MT-Bench not measured")
     judge_check: str = param("", "a judge_check.json (scalelab dpo judge-check); when set and it found the judge "

@@ -12,13 +12,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from scalelab.core.hfmodel import load_causal_lm
+from scalelab.core.hfmodel import load_causal_lm, sha256_file
 
 BASE_RECORD = "scalelab_base.json"  # written beside a saved adapter: the base model name it was trained on
+WEIGHTS = "adapter_model.safetensors"
+# beside the weights: their sha256, which names them where they are not (run folders packed without weights,
+# a committed run whose adapter is kept by hash): the battery's tuned records are keyed by it
+WEIGHTS_SHA = WEIGHTS + ".sha256"
 
 
 def write_base_record(adapter_dir: Path, base: str) -> None:
     (adapter_dir / BASE_RECORD).write_text(json.dumps({"base_model": base}, indent=2) + "\n")
+
+
+def write_weights_sha(adapter_dir: Path) -> str:
+    digest = sha256_file(adapter_dir / WEIGHTS)
+    (adapter_dir / WEIGHTS_SHA).write_text(digest + "\n")
+    return digest
+
+
+def recorded_weights_sha(adapter_dir: Path) -> str | None:
+    """The sha256 written when the weights were saved, or None; a malformed record is an error naming it."""
+    path = Path(adapter_dir) / WEIGHTS_SHA
+    if not path.is_file():
+        return None
+    digest = path.read_text().strip()
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise ValueError(f"{path}: not a sha256 hex digest: {digest[:80]!r}")
+    return digest
 
 
 def base_of(adapter_dir: str | Path) -> str:

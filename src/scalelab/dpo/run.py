@@ -25,7 +25,7 @@ from scalelab.dpo import sweep_report
 from scalelab.dpo.battery import run_battery, summary_line
 from scalelab.dpo.config import DpoConfig
 from scalelab.dpo.data import PreferencePair, load_pairs, skip_reasons, split_by_hash, split_by_prompt, subsample
-from scalelab.dpo.export import push_folder, write_base_record
+from scalelab.dpo.export import push_folder, write_base_record, write_weights_sha
 from scalelab.dpo.predict import ModelShape, predict, write_predictions
 from scalelab.dpo.report import write_run_report
 from scalelab.dpo.runfiles import results_from_run, this_training
@@ -186,7 +186,8 @@ def train_run(cfg: DpoConfig, rd: RunDir) -> dict:
     train(trainer, checkpoint)
     adapter_bytes = save_adapter(trainer, rd.path / "adapter")
     write_base_record(rd.path / "adapter", cfg.model.name)
-    rd.log_event("train_end", wall_s=time.perf_counter() - t0, adapter_bytes=adapter_bytes)
+    digest = write_weights_sha(rd.path / "adapter")
+    rd.log_event("train_end", wall_s=time.perf_counter() - t0, adapter_bytes=adapter_bytes, adapter_sha256=digest)
     plot_margins(this_training(rd, "margins"), rd.figures / "margins.png")
     if cfg.hub.push:
         pushed = push_folder(rd.path / "adapter", cfg.hub.repo_id, cfg.hub.private, cfg.hub.endpoint)
