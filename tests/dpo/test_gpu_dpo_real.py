@@ -198,7 +198,7 @@ echo "$*" >> "$CALLS"
 case "$*" in
   "bench/gpu_dpo_real.py plan"*) echo "a b c" ;;
   *"dpo sweep"*) run=$(echo "$*" | sed -E 's/.*--only ([^ ]+).*/\\1/'); mkdir -p "$RUNS/gsm8k/$run/adapter"
-                 : > "$RUNS/gsm8k/$run/adapter/adapter_model.safetensors"
+                 : > "$RUNS/gsm8k/$run/adapter/adapter_model.safetensors"; : > "$RUNS/gsm8k/$run/config.toml"
                  echo '{}' > "$RUNS/gsm8k/$run/results.json" ;;
   *"dpo select"*) echo b ;;
 esac
@@ -241,7 +241,7 @@ def test_each_run_trains_then_measures_its_tuned_side_in_the_same_window(tmp_pat
     for part in ("pairs", "tuned-b"):
         (runs / f".done-{part}").write_text("")
     calls = [_short(c) for c in _dpo_work(tmp_path, "sweep")]
-    assert sorted(calls) == sorted(["battery gsm8k base", "train a", "battery gsm8k/a tuned", "train c",
+    assert sorted(calls) == sorted(["battery gsm8k/a base", "train a", "battery gsm8k/a tuned", "train c",
                                     "battery gsm8k/c tuned"])
     assert calls.index("train a") < calls.index("battery gsm8k/a tuned") and calls.index("train a") < calls.index(
         "train c") < calls.index("battery gsm8k/c tuned")
@@ -253,9 +253,13 @@ def test_no_run_starts_without_the_time_for_its_training_and_side(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     (runs / ".done-pairs").write_text("")
+    (runs / "gsm8k" / "a").mkdir(parents=True)
+    (runs / "gsm8k" / "a" / "config.toml").write_text("")     # started in an earlier window, cut before its end
     calls = [_short(c) for c in _dpo_work(tmp_path, "sweep", WORK_S="900", RUN_MIN_S="1080")]
-    assert calls == ["battery gsm8k base"]
+    assert calls == ["battery gsm8k/a base"]
     assert "sweep a: not started, " in (runs / "logs" / "work.log").read_text()
+    (runs / "gsm8k" / "a" / "config.toml").unlink()           # no run ever started: the base side does not wait
+    assert _dpo_work(tmp_path, "sweep", WORK_S="900", RUN_MIN_S="1080") == []
 
 
 def test_the_battery_assembles_from_records_then_gets_the_chosen_runs_weights_back(tmp_path):
