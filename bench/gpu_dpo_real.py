@@ -13,6 +13,12 @@
         the run folder names of CONFIG's [sweep] table (dpo.sweep_plan), one per line: what "every run has
         trained" means before the battery starts.
 
+    python3 bench/gpu_dpo_real.py base-config CONFIG FOLDER [--set K=V ...]
+        FOLDER/config.toml: the first planned run's resolved config, which the base battery side reads (the model
+        and battery settings every run of the sweep shares) before any run's folder exists. FOLDER is a hidden
+        folder of the sweep (.base), so the base records land in the sweep's battery-base/ and no report takes
+        it for a run.
+
     python3 bench/gpu_dpo_real.py status RUNS
         one line per part (pairs, each sweep run, the choice, the judge check, the HH run) from the files alone,
         also written to RUNS/status.json: what a cut-off window finished and what the next one will do.
@@ -64,6 +70,16 @@ def serve(spec: EngineSpec, log: Path, command: list[str], ready_timeout_s: floa
     with RunningServer(spec, log, ready_timeout_s=ready_timeout_s) as server:
         print(f"serve: {spec.extra_flags['served-model-name']} ready at {server.url}", flush=True)
         return subprocess.run(command, env={**os.environ, "SERVER_URL": server.url}).returncode
+
+def write_base_config(config: Path, folder: Path, sets: list[str]) -> Path:
+    from scalelab.core.rundir import RunDir  # lazy: only `base-config` loads the dpo job
+    from scalelab.dpo.config import load_dpo_config
+    from scalelab.dpo.run import planned_configs
+    cfg = planned_configs(load_dpo_config(config, sets), SWEEP)[0]
+    rd = RunDir(folder).create(cfg)
+    rd.log_event("base_config", source=str(config), run=cfg.run.name)  # `dpo battery` takes a folder with
+    return rd.config_path                                               # config and metrics for one run
+
 
 def plan_names(config: Path) -> list[str]:
     from scalelab.dpo.config import load_dpo_config  # lazy: only `plan` reads a config
@@ -127,7 +143,8 @@ def status(runs: Path) -> list[PartStatus]:
                       f"{m.get('n_pairs')} pairs of {m.get('n_prompts')} questions (per-sample accuracy "
                       f"{m.get('sample_accuracy', float('nan')):.3f}; {m.get('prompts_all_correct')} all right, "
                       f"{m.get('prompts_all_wrong')} all wrong)")]
-    out += [_run_status(r, runs) for r in sorted(sweep.iterdir()) if (r / "config.toml").is_file()] \
+    out += [_run_status(r, runs) for r in sorted(sweep.iterdir())
+            if (r / "config.toml").is_file() and not r.name.startswith(".")] \
         if sweep.is_dir() else []
     chosen = (_json(sweep / "selection.json") or {}).get("chosen")
     out.append(PartStatus("selection", chosen is not None, chosen["run"] if chosen else "no run chosen yet"))
@@ -162,9 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("runs", type=Path)
     pl = verbs.add_parser("plan")
     pl.add_argument("config", type=Path)
+    bc = verbs.add_parser("base-config")
+    bc.add_argument("config", type=Path)
+    bc.add_argument("folder", type=Path)
+    bc.add_argument("--set", action="append", default=[], help="a config override, as `dpo sweep --set`")
     args = p.parse_args(argv)
     if args.verb == "plan":
         print("\n".join(plan_names(args.config)))
+        return 0
+    if args.verb == "base-config":
+        print(write_base_config(args.config, args.folder, args.set))
         return 0
     if args.verb == "serve":
         spec = server_spec(model_dir(args.model), args.served, args.port, args.gpu_memory_utilization,

@@ -198,10 +198,9 @@ sweep() {  # each planned run in turn (SWEEP_ONLY: these of them), then its tune
   # while the next trains: the side's records are keyed by the sha256 recorded beside the weights, so no run's
   # weights have to outlive the window they were trained in. The base side starts first, beside the first run.
   done_part pairs || { echo "sweep: no verifier set yet (pairs)" >> "$LOGS/work.log"; return 1; }
-  local run pids=() names base=""
-  names=$(planned) || return 1
-  done_part base-side || { base_side ${names%% *} & base=$!; }
-  for run in $names; do
+  local run pids=()
+  done_part base-side || { base_side & pids+=($!); }
+  for run in $(planned); do
     [[ -z ${SWEEP_ONLY:-} || ",$SWEEP_ONLY," == *",$run,"* ]] || continue
     done_part "tuned-$run" && continue
     if ! has_weights "$run"; then
@@ -210,19 +209,15 @@ sweep() {  # each planned run in turn (SWEEP_ONLY: these of them), then its tune
     fi
     { battery_side "$SWEEP/$run" tuned && mark "tuned-$run"; } & pids+=($!)
   done
-  # no run started the first one's folder in this window: the base side would wait for it to the window's end
-  [ -z "$base" ] || [ -f "$SWEEP/${names%% *}/config.toml" ] || kill "$base" 2> /dev/null
-  wait "${pids[@]}" $base
+  wait "${pids[@]}"
 }
 
-base_side() {  # $1 = the first planned run: the base side reads the battery settings of a run's config.toml, so it
-  # starts once that run's folder holds one (its training writes it first); records go to the sweep's battery-base
-  local waited=0
-  while [ ! -f "$SWEEP/$1/config.toml" ]; do
-    sleep 5; waited=$((waited + 5))
-    [ "$waited" -lt 900 ] && [ "$(left)" -gt 0 ] || { echo "base side: no $1/config.toml" >> "$LOGS/work.log"; return 1; }
-  done
-  battery_side "$SWEEP/$1" base && mark base-side
+base_side() {  # the base side, from the first planned run's config in the sweep's hidden .base folder (dpo
+  # battery reads a run folder's config.toml; no run's folder need exist yet): records go to the sweep's battery-base
+  local base=$SWEEP/.base
+  [ -f "$base/config.toml" ] || python3 bench/gpu_dpo_real.py base-config "$CONFIG" "$base" \
+    --set "run.out_dir=\"$RUNS\"" "${BSETS[@]}" >> "$LOGS/work.log" 2>&1 || return 1
+  battery_side "$base" base && mark base-side
 }
 
 battery_side() {  # $1 = a run or the sweep folder, $2 = side, then --set overrides; a log per target and side

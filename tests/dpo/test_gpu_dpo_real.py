@@ -201,6 +201,7 @@ case "$*" in
                  : > "$RUNS/gsm8k/$run/adapter/adapter_model.safetensors"; : > "$RUNS/gsm8k/$run/config.toml"
                  echo '{}' > "$RUNS/gsm8k/$run/results.json" ;;
   *"dpo select"*) echo b ;;
+  "bench/gpu_dpo_real.py base-config"*) mkdir -p "$RUNS/gsm8k/.base"; : > "$RUNS/gsm8k/.base/config.toml" ;;
 esac
 """
 
@@ -241,7 +242,7 @@ def test_each_run_trains_then_measures_its_tuned_side_in_the_same_window(tmp_pat
     for part in ("pairs", "tuned-b"):
         (runs / f".done-{part}").write_text("")
     calls = [_short(c) for c in _dpo_work(tmp_path, "sweep")]
-    assert sorted(calls) == sorted(["battery gsm8k/a base", "train a", "battery gsm8k/a tuned", "train c",
+    assert sorted(calls) == sorted(["battery gsm8k/.base base", "train a", "battery gsm8k/a tuned", "train c",
                                     "battery gsm8k/c tuned"])
     assert calls.index("train a") < calls.index("battery gsm8k/a tuned") and calls.index("train a") < calls.index(
         "train c") < calls.index("battery gsm8k/c tuned")
@@ -253,13 +254,9 @@ def test_no_run_starts_without_the_time_for_its_training_and_side(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     (runs / ".done-pairs").write_text("")
-    (runs / "gsm8k" / "a").mkdir(parents=True)
-    (runs / "gsm8k" / "a" / "config.toml").write_text("")     # started in an earlier window, cut before its end
     calls = [_short(c) for c in _dpo_work(tmp_path, "sweep", WORK_S="900", RUN_MIN_S="1080")]
-    assert calls == ["battery gsm8k/a base"]
+    assert calls == ["battery gsm8k/.base base"]          # the base side needs no run's folder
     assert "sweep a: not started, " in (runs / "logs" / "work.log").read_text()
-    (runs / "gsm8k" / "a" / "config.toml").unlink()           # no run ever started: the base side does not wait
-    assert _dpo_work(tmp_path, "sweep", WORK_S="900", RUN_MIN_S="1080") == []
 
 
 def test_the_battery_assembles_from_records_then_gets_the_chosen_runs_weights_back(tmp_path):
@@ -304,3 +301,29 @@ def test_ship_brings_an_adapter_home_in_calls_of_four_chunks(tmp_path):
     missing = subprocess.run(["bash", "bench/gpu_dpo_real.sh", "ship", "a", "0"], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "ship: a has no weights here" in missing.stderr
+
+
+def test_the_base_side_reads_the_first_planned_runs_config_from_a_hidden_folder(tmp_path):
+    """`base-config` writes what `dpo battery --side base` reads: the first planned run's model and battery
+    settings, in a folder whose base records are the sweep's battery-base and which no report takes for a run."""
+    from scalelab.dpo.battery import base_cache_dir, request_cache_dir
+    from scalelab.dpo.battery_folders import run_config
+    from scalelab.dpo.config import load_dpo_config
+    from scalelab.dpo.report import is_run_dir
+    from scalelab.dpo.sweep_report import find_runs
+    config = REPO / "configs" / "dpo" / "qwen2.5-coder-1.5b-gsm8k-h200.toml"
+    sweep = tmp_path / "runs" / "gsm8k"
+    sets = [f"run.out_dir='{tmp_path / 'runs'}'", "battery.data_dir='/data'"]
+    written = real.write_base_config(config, sweep / ".base", sets)
+    assert written == sweep / ".base" / "config.toml" and is_run_dir(sweep / ".base")
+    base = run_config(sweep / ".base")
+    source = load_dpo_config(config, sets)
+    assert (base.model, base.battery) == (source.model, source.battery) and base.battery.data_dir == "/data"
+    assert base.run.name == real.plan_names(config)[0]
+    assert base_cache_dir(base, sweep / ".base").parent == sweep / "battery-base"
+    assert request_cache_dir(base, sweep / ".base") == sweep / "battery-base" / "lm-eval-requests"
+    (sweep / "dpo-beta0.1").mkdir()
+    for f in ("config.toml", "metrics.jsonl"):
+        (sweep / "dpo-beta0.1" / f).write_text("")
+    assert find_runs(sweep) == [sweep / "dpo-beta0.1"]
+    assert [r.part for r in real.status(tmp_path / "runs") if r.part.startswith("run ")] == ["run dpo-beta0.1"]

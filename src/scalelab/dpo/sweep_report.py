@@ -51,11 +51,12 @@ class Choice:
 
 
 def find_runs(sweep_dir: str | Path) -> list[Path]:
-    """Run folders directly under the sweep folder, ordered by loss then β."""
+    """Run folders directly under the sweep folder, ordered by loss then β; hidden ones (a base-only battery
+    folder, .base) are not runs."""
     sweep = Path(sweep_dir)
     if not sweep.is_dir():
         raise FileNotFoundError(f"{sweep}: no such folder")
-    runs = [p for p in sorted(sweep.iterdir()) if p.is_dir() and is_run_dir(p)]
+    runs = [p for p in sorted(sweep.iterdir()) if p.is_dir() and not p.name.startswith(".") and is_run_dir(p)]
     if not runs:
         raise FileNotFoundError(f"{sweep}: no run folders (subfolders with config.toml and metrics.jsonl)")
 
