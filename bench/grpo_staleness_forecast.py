@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from scalelab.core.jsonio import write_json  # noqa: E402
+from scalelab.core.provenance import git_sha  # noqa: E402
 from scalelab.grpo.steps import read_steps  # noqa: E402
 
 
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in f["mismatch"]:
         print(f"| {row['k']} | {row['step']} | {row['random_walk']:.4f} | {row['directed']:.4f} |")
     if args.out:
-        write_json(args.out, f)
+        command = "python bench/grpo_staleness_forecast.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_json(args.out, {**f, "git_sha": git_sha(), "command": command})
     return 0
 
 
