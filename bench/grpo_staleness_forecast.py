@@ -12,9 +12,8 @@ KL(t) the runs' median over steps t - 2 ... t + 2, the divergence across k steps
     directed    (every update in the same direction, KL ~ t^2):      (sqrt KL(t) - sqrt KL(t - k))^2
 
 and the exponent p of KL(t) = a t^p fitted to the first STEPS steps says which the runs are closer to (p = 1: random
-walk, p = 2: directed); the forecast adds the k = 0 floor to each. For the held-out score, a stale gradient is at worst the gradient of k steps earlier, so a run at
-staleness k ends no lower than the k = 0 run's curve k steps before the end; that bound comes from the runs' held-out
-curves where they were measured.
+walk, p = 2: directed); the forecast adds the k = 0 floor to each. The held-out score is not forecast here (the
+prediction beside the forecast reads it from the k = 0 runs' held-out curves).
 """
 from __future__ import annotations
 

@@ -55,5 +55,6 @@ def test_the_forecast_of_a_run_whose_kl_grows_linearly_is_the_random_walk(tmp_pa
     assert row["directed"] == pytest.approx(0.0003 + (math.sqrt(0.08) - math.sqrt(0.072)) ** 2)
     assert fc.main([str(run), "--ks", "4", "--out", str(tmp_path / "f.json")]) == 0
     written = json.loads((tmp_path / "f.json").read_text())
-    assert written["mismatch"] == f["mismatch"] and written["command"].endswith(f"{run} --ks 4 --out {tmp_path / 'f.json'}")
+    assert written["mismatch"] == f["mismatch"]
+    assert written["command"].endswith(f"{run} --ks 4 --out {tmp_path / 'f.json'}")
     assert written["git_sha"]
