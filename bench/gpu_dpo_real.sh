@@ -72,7 +72,8 @@
 #        TREE (the copy of the tree `launch` runs from, default /tmp/tree-dpo: bench/snapshot.sh),
 #        PARTS (default "pairs sweep battery judge hh"), SWEEP_ONLY (runs of the sweep to train now, e.g.
 #        "dpo-beta0.1,ipo-beta1"), RUN_MIN_S (default 1080: the seconds a run's training and its tuned battery
-#        side need, below which the sweep starts no further run in this window),
+#        side need, below which the sweep starts no further run in this window), SIDE_BESIDE (default 1: a run's
+#        tuned side beside the next run's training; 0: after it, when the GPU's memory holds only one of them),
 #        SEED (default /tmp/seed.tgz when setup left one), PAIRS_MAX_SEQS (default 2048), LM_EVAL_BS (the
 #        baseline's lm-eval batch, default 16: at 8 HellaSwag ran 235 requests/s; at 32 MMLU's first batch asked
 #        for 26.5 GiB of log-softmax beside 58.6 GiB in use and ran out of an H100's memory), BASELINE_TASKS (the
@@ -84,7 +85,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
        VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1 TRL_EXPERIMENTAL_SILENCE=1 \
        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/dpo-runs}; WORK_S=${WORK_S:-1140}; DATA=${DATA:-/tmp/data}
-PARTS=${PARTS:-"pairs sweep battery judge hh"}; RUN_MIN_S=${RUN_MIN_S:-1080}
+PARTS=${PARTS:-"pairs sweep battery judge hh"}; RUN_MIN_S=${RUN_MIN_S:-1080}; SIDE_BESIDE=${SIDE_BESIDE:-1}
 PAIRS_MAX_SEQS=${PAIRS_MAX_SEQS:-2048}; LM_EVAL_BS=${LM_EVAL_BS:-16}; BASELINE_TASKS=${BASELINE_TASKS:-all}
 export SCALELAB_CACHE=${SCALELAB_CACHE:-/tmp/scalelab-cache} SCALELAB_SHARED_DATA=$DATA
 export PYTHONPATH=$PWD/src:/tmp/site:/tmp/vllm-site/site
@@ -165,15 +166,19 @@ restore() {  # an earlier window's results (SEED, a runs.tgz), once per machine;
 
 provenance() {  # one record per window: the commit, the window and the knobs
   python3 - "$SCALELAB_GIT_SHA" "$WORK_S" "$PARTS" "${SWEEP_ONLY:-}" "$RUN_MIN_S" "$CONFIG" "$HH_CONFIG" \
-    "$BASELINE_TASKS" "$LM_EVAL_BS" > "$RUNS/provenance-window-$(date -u +%Y%m%dT%H%M%SZ).json" <<'PY'
+    "$BASELINE_TASKS" "$LM_EVAL_BS" "$SIDE_BESIDE" > "$RUNS/provenance-window-$(date -u +%Y%m%dT%H%M%SZ).json" <<'PY'
 import json, sys, time
-sha, work_s, parts, only, run_min_s, config, hh, tasks, bs = sys.argv[1:]
+sha, work_s, parts, only, run_min_s, config, hh, tasks, bs, beside = sys.argv[1:]
 command = f"SCALELAB_GIT_SHA={sha} PARTS='{parts}' WORK_S={work_s}"
 if "baseline" in parts.split():
     command += f" BASELINE_TASKS={tasks} LM_EVAL_BS={bs}"
+if "sweep" in parts.split():  # the sweep's knobs where they are not the defaults
+    command += (f" SWEEP_ONLY={only}" if only else "") + (f" RUN_MIN_S={run_min_s}" if run_min_s != "1080" else "") \
+        + (" SIDE_BESIDE=0" if beside == "0" else "")
 print(json.dumps({"command": command + " bash bench/gpu_dpo_real.sh launch", "git_sha": sha,
                   "started_unix": time.time(), "work_s": int(work_s), "parts": parts.split(), "sweep_only": only,
-                  "run_min_s": int(run_min_s), "config": config, "hh_config": hh, "baseline_tasks": tasks,
+                  "run_min_s": int(run_min_s), "side_beside": beside == "1", "config": config, "hh_config": hh,
+                  "baseline_tasks": tasks,
                   "lm_eval_batch_size": int(bs)}, indent=1))
 PY
 }
@@ -207,7 +212,11 @@ sweep() {  # each planned run in turn (SWEEP_ONLY: these of them), then its tune
       enough "sweep $run" "$RUN_MIN_S" || break  # its training and its side both in this window
       train_run "$run" || { echo "sweep: $run did not finish training" >> "$LOGS/work.log"; break; }
     fi
-    { battery_side "$SWEEP/$run" tuned && mark "tuned-$run"; } & pids+=($!)
+    if [ "$SIDE_BESIDE" = 1 ]; then
+      { battery_side "$SWEEP/$run" tuned && mark "tuned-$run"; } & pids+=($!)
+    else
+      battery_side "$SWEEP/$run" tuned && mark "tuned-$run"
+    fi
   done
   wait "${pids[@]}"
 }

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from scalelab.core.engines import build_command
 from scalelab.core.net import free_port
 from tests.bench_script import load_bench
@@ -192,8 +194,9 @@ def test_each_window_records_the_baseline_knobs_it_ran_with(tmp_path):
 
 
 # a python3 stand-in for the sweep's and battery's calls: records its argv, "trains" the run of `--only` (its
-# results and weights appear), names run b as the chosen one
+# results and weights appear), names run b as the chosen one; a script on stdin runs in the real python
 SWEEP_STAND_IN = """#!/usr/bin/env bash
+[ "$1" != - ] || exec "$REAL_PYTHON" "$@"    # the window's provenance record, a script on stdin
 echo "$*" >> "$CALLS"
 case "$*" in
   "bench/gpu_dpo_real.py plan"*) echo "a b c" ;;
@@ -202,6 +205,7 @@ case "$*" in
                  echo '{}' > "$RUNS/gsm8k/$run/results.json" ;;
   *"dpo select"*) echo b ;;
   "bench/gpu_dpo_real.py base-config"*) mkdir -p "$RUNS/gsm8k/.base"; : > "$RUNS/gsm8k/.base/config.toml" ;;
+  *"--side tuned"*) sleep "${SIDE_S:-0}"; echo "ended: $*" >> "$CALLS" ;;
 esac
 """
 
@@ -213,12 +217,13 @@ def _dpo_work(tmp_path: Path, parts: str, **env: str) -> list[str]:
     (bindir / "python3").chmod(0o755)
     calls.unlink(missing_ok=True)
     run_env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "CALLS": str(calls), "RUNS": str(runs),
-               "OUT": str(tmp_path / "out"), "SCALELAB_GIT_SHA": "0" * 40, "PARTS": parts, "WORK_S": "3000", **env}
+               "OUT": str(tmp_path / "out"), "SCALELAB_GIT_SHA": "0" * 40, "PARTS": parts, "WORK_S": "3000",
+               "REAL_PYTHON": sys.executable, **env}
     done = subprocess.run(["bash", "bench/gpu_dpo_real.sh", "work"], cwd=REPO, env=run_env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    return [line for line in calls.read_text().splitlines() if "dpo sweep" in line or "dpo battery" in line
-            or "dpo select" in line]
+    return [line for line in calls.read_text().splitlines() if ("dpo sweep" in line or "dpo battery" in line
+            or "dpo select" in line) and not line.startswith("ended: ")]
 
 
 def _short(line: str) -> str:
@@ -250,6 +255,22 @@ def test_each_run_trains_then_measures_its_tuned_side_in_the_same_window(tmp_pat
     assert _dpo_work(tmp_path, "sweep") == []          # all stored: nothing is trained or measured again
 
 
+@pytest.mark.parametrize("beside", ["1", "0"])
+def test_a_side_runs_beside_the_next_training_unless_side_beside_is_off(tmp_path, beside):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / ".done-pairs").write_text("")
+    _dpo_work(tmp_path, "sweep", SIDE_BESIDE=beside, SIDE_S="1", RUN_MIN_S="600", SWEEP_ONLY="a,b")
+    lines = (tmp_path / "calls.txt").read_text().splitlines()
+    a_ended = next(i for i, line in enumerate(lines) if line.startswith("ended: ") and "gsm8k/a" in line)
+    b_trains = next(i for i, line in enumerate(lines) if "dpo sweep" in line and "--only b" in line)
+    assert (a_ended < b_trains) == (beside == "0")
+    assert not any("--only c" in line for line in lines)            # SWEEP_ONLY: a and b only
+    (prov,) = [json.loads(p.read_text()) for p in runs.glob("provenance-window-*.json")]
+    assert prov["command"] == (f"SCALELAB_GIT_SHA={'0' * 40} PARTS='sweep' WORK_S=3000 SWEEP_ONLY=a,b RUN_MIN_S=600"
+                               + (" SIDE_BESIDE=0" if beside == "0" else "") + " bash bench/gpu_dpo_real.sh launch")
+
+
 def test_no_run_starts_without_the_time_for_its_training_and_side(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -257,6 +278,9 @@ def test_no_run_starts_without_the_time_for_its_training_and_side(tmp_path):
     calls = [_short(c) for c in _dpo_work(tmp_path, "sweep", WORK_S="900", RUN_MIN_S="1080")]
     assert calls == ["battery gsm8k/.base base"]          # the base side needs no run's folder
     assert "sweep a: not started, " in (runs / "logs" / "work.log").read_text()
+    (prov,) = [json.loads(p.read_text()) for p in runs.glob("provenance-window-*.json")]
+    assert prov["command"] == f"SCALELAB_GIT_SHA={'0' * 40} PARTS='sweep' WORK_S=900 bash bench/gpu_dpo_real.sh launch"
+    assert (prov["run_min_s"], prov["side_beside"]) == (1080, True)
 
 
 def test_the_battery_assembles_from_records_then_gets_the_chosen_runs_weights_back(tmp_path):
