@@ -250,9 +250,9 @@ with_weights() {  # $1 = run: its weights here: carried in (`ship` took them hom
 battery() {  # once the base side and every run's tuned side are stored: every battery.json from the records (no
   # weights needed), the sweep's report, then the chosen run on all of MMLU
   done_part battery && return 0
-  local run chosen
-  for run in base-side $(for run in $(planned); do echo "tuned-$run"; done); do
-    done_part "$run" || { echo "battery: $run not stored yet (sweep)" >> "$LOGS/work.log"; return 1; }
+  local part chosen
+  for part in base-side $(printf 'tuned-%s ' $(planned)); do
+    done_part "$part" || { echo "battery: $part not stored yet (sweep)" >> "$LOGS/work.log"; return 1; }
   done
   battery_side "$SWEEP" both || return 1
   chosen=$(chosen_run) || return 1

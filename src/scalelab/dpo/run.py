@@ -25,7 +25,7 @@ from scalelab.dpo import sweep_report
 from scalelab.dpo.battery import run_battery, summary_line
 from scalelab.dpo.config import DpoConfig
 from scalelab.dpo.data import PreferencePair, load_pairs, skip_reasons, split_by_hash, split_by_prompt, subsample
-from scalelab.dpo.export import push_folder, write_base_record, write_weights_sha
+from scalelab.dpo.export import WEIGHTS, push_folder, write_base_record, write_weights_sha
 from scalelab.dpo.predict import ModelShape, predict, write_predictions
 from scalelab.dpo.report import write_run_report
 from scalelab.dpo.runfiles import results_from_run, this_training
@@ -262,7 +262,7 @@ def planned_configs(cfg: DpoConfig, sweep_name: str) -> list[DpoConfig]:
 
 def trained(run_dir: Path) -> bool:
     """A run whose training ended and whose results were written."""
-    return (run_dir / "results.json").is_file() and (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+    return (run_dir / "results.json").is_file() and (run_dir / "adapter" / WEIGHTS).is_file()
 
 
 def run_sweep(cfg: DpoConfig, betas: list[float], losses: list[str], sweep_name: str,

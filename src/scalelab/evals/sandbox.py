@@ -192,16 +192,17 @@ def _hand_over(root: Path, uid: int) -> None:
 # A run cut at the wall clock with less CPU time than this share of the limit never had the CPU the limit
 # assumes: on 2 busy cores a correct program can be scheduled for well under half its wall time.
 STARVED_CPU_SHARE = 0.5
+WALL_CLOCK = "wall-clock limit"  # the error of a run killed at timeout_s (_classify)
 
 
 def starved(status: str, error: str, cpu_s: float | None, timeout_s: float) -> bool:
-    return (status == "timeout" and error == "wall-clock limit" and cpu_s is not None
+    return (status == "timeout" and error == WALL_CLOCK and cpu_s is not None
             and cpu_s < STARVED_CPU_SHARE * timeout_s)
 
 
 def _classify(rc: int | None, timed_out: bool, stderr: str) -> tuple[str, str]:
     if timed_out:
-        return "timeout", "wall-clock limit"
+        return "timeout", WALL_CLOCK
     if rc == 0:
         return "ok", ""
     if rc is not None and rc < 0:
