@@ -22,7 +22,7 @@ import json
 import re
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from scalelab.core.provenance import collect
