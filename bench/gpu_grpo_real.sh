@@ -22,11 +22,13 @@
 #        SEEDS (the recipe runs' seeds, one run each, default SEED),
 #        LRS (default "2e-5 5e-5"), TEMPS (rollout temperatures, one run per LRS x TEMPS; default the
 #        recipe's), UB_VARIANTS (the update bench's),
-#        PARTS (default "battery recipe collapse", side by side; also "staleness"),
+#        PARTS (default "battery recipe collapse", side by side; also "staleness"; PARTS="" none),
 #        SOLO_PARTS (run first, alone, e.g. "update_bench update_profile rollout_bench"), STAGGER_S (seconds
 #        between the starts of side-by-side parts and recipe runs, default 5),
 #        RB_CASES (the rollout bench's cases, default
 #        "real-colocated real-colocated-sub real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"),
+#        RB_S (seconds per case, default 420), RB_K_EXTRA and RB_K_TAG (more flags for the k cases, a suffix for
+#        their names),
 #        STALE_STEPS, STALE_JOBS (default 40, and one run per 32 GiB of GPU memory, at most 3: a recipe run peaks at
 #        ~30 GB, its engine's 0.15 share included, so an H100 takes 2 and an H200 3), STALE_COMPILE (default false),
 #        STALE_K0, STALE_IS0, STALE_K1 (the k lists of seeds 0 and 1; STALE_K1="" skips seed 1),
@@ -44,7 +46,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export SCALELAB_CACHE=/tmp/scalelab-cache SCALELAB_SHARED_DATA=/tmp/data
 export PYTHONPATH=$PWD/src:/tmp/site:/tmp/vllm-site/site
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/grpo-runs}; WORK_S=${WORK_S:-1140}; SEED=${SEED:-0}
-LRS=${LRS:-"2e-5 5e-5"}; PARTS=${PARTS:-"battery recipe collapse"}
+LRS=${LRS:-"2e-5 5e-5"}; PARTS=${PARTS-"battery recipe collapse"}  # set but empty: no side-by-side part
 LOGS=$RUNS/logs
 NAME=qwen2.5-coder-0.5b-instruct-q4km
 GGUF_REL=gguf/$NAME/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
@@ -164,7 +166,7 @@ rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model o
   local real=(--model "$NAME" --task gsm8k --prompts 64 --group 8 --max-new-tokens 512 --hf-logprobs none
               --gpu-memory-utilization 0.15 --repeats 2)
   local fixed=(--model random:qwen2.5-1.5b --tokenizer /tmp/smol-tokenizer --prompts 64 --group 16
-               --max-new-tokens 256 --cudagraph-max 1024 --repeats 2 --no-update --no-sync)
+               --max-new-tokens 256 --cudagraph-max 1024 --repeats 2 --no-update --no-sync --trace-steps)
   # RB_CASES picks cases (default all, in this order) when a window has room for only some
   local all="real-colocated real-colocated-sub real-standalone fixed1024-colocated fixed1024-standalone k1 k2 k4"
   local cases=" ${RB_CASES:-$all} "
@@ -181,12 +183,15 @@ rollout_bench() {  # item 3's rollout ratios, alone on the GPU: the real model o
     --engines hf,vllm_standalone --profile "$d/fixed1024-standalone.prof.txt"
   # the same batch over K colocated engines, each scheduling its 1/K of the prompts in a process of its own; CUDA
   # graphs up to each engine's 1,024 / K sequences, as the K = 1 run's go up to its whole batch. K = 1 with its
-  # engine core in a child process too, so K is the only change between the three
+  # engine core in a child process too, so K is the only change between the three. RB_K_EXTRA: more flags for
+  # these cases (e.g. "--switch-interval-ms 0.5"), named with the suffix RB_K_TAG (e.g. "-si0.5"). Each engine
+  # after the first starts in another 33-50 s on an H100 (its engine core's process start-up and imports, then its
+  # memory profile, one engine at a time), so a case gets 60 s more per engine beyond the first
   local k
   for k in 1 2 4; do
     want "k$k" || continue
-    rb "fixed1024-colocated-k$k" "${fixed[@]}" --cudagraph-max $((1024 / k)) --engine-core subprocess \
-      --vllm-engines "$k"
+    RB_S=$(( ${RB_S:-420} + 60 * (k - 1) )) rb "fixed1024-colocated-k$k${RB_K_TAG:-}" "${fixed[@]}" \
+      --cudagraph-max $((1024 / k)) --engine-core subprocess --vllm-engines "$k" ${RB_K_EXTRA:-}
   done
   python3 bench/rollout_bench_table.py "$d" --out "$RUNS/rollout-bench-table.md" >> "$LOGS/rollout_bench.log" 2>&1
 }

@@ -19,7 +19,9 @@ asked and as the engine ran them, so variants (one process each: vLLM does not h
 can be compared; bench/gpu_grpo.sh PART variants runs a set. --vllm-engines K runs the colocated engine as K
 vllm.LLM instances on the GPU, each with a contiguous share of the prompts and its scheduler in a process of its
 own (rollout.server.engines; needs --engine-core subprocess); K is recorded as "vllm_engines" and in the
-provenance. One K per process, as for the other options.
+provenance. One K per process, as for the other options. --trace-steps times every engine's front-end steps
+(blocked on its engine core vs processing the output, bench/rollout_steps.py) into "step_trace", and writes the call
+in flight into the partial file while it runs, so a case cut by its time limit still shows its decode rate.
 
     # GPU (H200): a random-weight Qwen2.5-1.5B-shaped model with the tokenizer found in --tokenizer
     python bench/grpo_rollout_bench.py --model random:qwen2.5-1.5b --tokenizer .grpo-gpu/smol --out rollout_bench.json
@@ -70,6 +72,8 @@ from scalelab.grpo.logprobs import sampled_logprobs
 from scalelab.grpo.parts import apply_lora, encode_prompt
 from scalelab.grpo.types import EngineContext, RolloutBatch, SamplingParams
 from scalelab.grpo.weightsync import sync_weights
+
+from rollout_steps import Heartbeat, StepTrace
 
 
 @dataclass(frozen=True)
@@ -504,10 +508,43 @@ def measure_engines(model: torch.nn.Module, tokenizer: object, prompts: list[lis
         vllm = build_standalone(model, tokenizer, args, workdir)
         generate = vllm.generate
     if generate is not None:
+        generate = traced(generate, vllm, args) if args.trace_steps else generate
         engines[vllm.name], batch = time_engine(generate, prompts, params, args.repeats, lengths, decode)
         if args.profile:
             profile = profile_call(generate, prompts, params, args.profile)
     return engines, vllm, batch, profile
+
+
+def vllm_instances(vllm: object) -> list:
+    """The vllm.LLM objects behind an engine: one per sub-engine of a MultiColocatedEngine, else its own."""
+    return [e.llm for e in vllm.engines] if isinstance(vllm, MultiColocatedEngine) else [vllm.llm]
+
+
+def traced(generate: Generate, vllm: object, args: argparse.Namespace) -> Generate:
+    """`generate` with --trace-steps: every call's front-end steps per engine (rollout_steps.StepTrace) kept in
+    the result's "step_trace" (the warm-up call first), the call in flight written to the partial file every
+    --heartbeat-s seconds and when the case is interrupted, so a case cut by its time limit still shows its rate."""
+    trace, calls = StepTrace(), []
+    for llm in vllm_instances(vllm):
+        trace.attach(llm)
+    args.step_trace = {"engines": len(trace.engines), "calls": calls}
+
+    def in_flight(t0: float) -> None:
+        write_partial(args, {"step_trace": {**args.step_trace, "in_flight": {
+            "elapsed_s": time.perf_counter() - t0, "engines": trace.summary()}}})
+
+    def call(prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
+        trace.reset()
+        t0 = time.perf_counter()
+        try:
+            with Heartbeat(lambda: in_flight(t0), args.heartbeat_s):
+                batch = generate(prompts, params)
+        except KeyboardInterrupt:
+            in_flight(t0)
+            raise
+        calls.append({"elapsed_s": time.perf_counter() - t0, "engines": trace.summary()})
+        return batch
+    return call
 
 
 def partial_path(out: str | Path) -> Path:
@@ -518,9 +555,11 @@ def partial_path(out: str | Path) -> Path:
 
 
 def write_partial(args: argparse.Namespace, measured: dict) -> None:
+    """Add `measured` to what the case has written to its partial file so far (top-level keys replaced)."""
     if getattr(args, "out", None):
+        args.partial = {**getattr(args, "partial", {}), **measured}
         write_json(partial_path(args.out), {"partial": "the case ended before its file was written; this is what it "
-                                                       "had measured", **measured,
+                                                       "had measured", **args.partial,
                                             "provenance": provenance(args.vllm_engines)})
 
 
@@ -545,6 +584,8 @@ def vllm_options(args: argparse.Namespace, vllm: object) -> dict:
 
 
 def measure(args: argparse.Namespace, workdir: Path) -> dict:
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     model, tokenizer, desc = load_model(args)
     prompts = make_prompts(tokenizer, args.prompts, args.seed, args.task)
     check_context(prompts, args)
@@ -572,7 +613,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
             "engines": {k: asdict(e) for k, e in engines.items()}, "baseline": "hf",
             "ratio_vllm_over_hf": None if v is None else v.tokens_per_s / hf_tps, "update_ms": update_ms,
             "vllm_engines": args.vllm_engines, "vllm_options": options, "weight_sync": [asdict(s) for s in syncs],
-            "profile": profile}
+            "profile": profile, **({"step_trace": args.step_trace} if getattr(args, "step_trace", None) else {})}
 
 
 def provenance(vllm_engines: int = 1) -> dict:
@@ -582,7 +623,8 @@ def provenance(vllm_engines: int = 1) -> dict:
            "command": " ".join(sys.argv), "unix_time": time.time(), "git_sha": git_sha(),
            # 1: vLLM's engine core in a child process (its default), 0: in this process (the colocated engine's)
            "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),
-           "vllm_engines": vllm_engines}  # colocated vllm.LLM instances sharing the GPU (--vllm-engines)
+           "vllm_engines": vllm_engines,  # colocated vllm.LLM instances sharing the GPU (--vllm-engines)
+           "switch_interval_s": sys.getswitchinterval()}  # the GIL's hand-over interval (--switch-interval-ms)
     try:
         import vllm
         out["vllm"] = vllm.__version__
@@ -636,6 +678,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="K colocated vllm.LLM instances on the GPU, each with 1/K of the prompts and of "
                         "--gpu-memory-utilization and its scheduler in a process of its own "
                         "(rollout.server.engines; needs --engine-core subprocess)")
+    p.add_argument("--trace-steps", action="store_true",
+                   help="time each vLLM engine's front-end steps (blocked on the engine core vs processing its "
+                        "output; bench/rollout_steps.py) into \"step_trace\"")
+    p.add_argument("--heartbeat-s", type=float, default=15.0,
+                   help="with --trace-steps: how often the call in flight is written to the partial file")
+    p.add_argument("--switch-interval-ms", type=float, default=0.0,
+                   help="Python's GIL switch interval for this run (0 = the default 5 ms): a shorter one hands the "
+                        "GIL to a front end's socket thread sooner")
     p.add_argument("--no-update", action="store_true", help="skip the update timing")
     p.add_argument("--no-sync", action="store_true", help="skip the weight-sync timings")
     p.add_argument("--seed", type=int, default=0)

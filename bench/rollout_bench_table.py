@@ -3,7 +3,9 @@ the HF baseline measured in the same process, and, for a colocated run with a st
 (same model, task, prompts x group, max_new_tokens, memory share), the colocated engine's share of the standalone
 ceiling. K is the run's number of vLLM engines (--vllm-engines: colocated vllm.LLM instances sharing the GPU;
 runs recorded before the option ran one). Ratios across two processes compare two HF baselines as well: their
-ratio is printed, so a drift between the processes shows.
+ratio is printed, so a drift between the processes shows. Runs traced with --trace-steps get a second table: where
+each engine's front-end steps went in the last timed call (or, for a case cut by its time limit, the call in flight
+from its .partial.json): blocked on the engine core's output, processing it, or outside step().
 
     python bench/rollout_bench_table.py RUN_DIR [--out table.md]
 """
@@ -66,24 +68,59 @@ def render(runs: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def trace_call(record: dict) -> tuple[str, dict] | None:
+    """(which call, its step record) from a run's step_trace: the last finished call, else the one in flight."""
+    t = record.get("step_trace") or {}
+    if t.get("calls"):
+        return f"timed {len(t['calls']) - 1} of {len(t['calls']) - 1}" if len(t["calls"]) > 1 else "warm-up", \
+            t["calls"][-1]
+    if t.get("in_flight"):
+        return f"cut after {t['in_flight']['elapsed_s']:.0f} s ({len(t.get('calls') or ())} done)", t["in_flight"]
+    return None
+
+
+def trace_table(records: dict[str, dict]) -> str:
+    """Per traced run: steps and their split, as shares of each engine's span averaged over the engines."""
+    lines = ["| run | call | engines | steps per engine | mean step (ms) | blocked on engine core | front end "
+             "processing | outside step() | outputs/s, all engines |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, record in sorted(records.items()):
+        found = trace_call(record)
+        if found is None:
+            continue
+        label, call = found
+        engines = [e for e in call["engines"] if e["steps"] and e["span_s"] > 0]
+        if not engines:
+            lines.append(f"| {name} | {label} | {len(call['engines'])} | 0 | - | - | - | - | - |")
+            continue
+        share = lambda key: sum(e[key] / e["span_s"] for e in engines) / len(engines)  # noqa: E731
+        steps = sum(e["steps"] for e in engines) / len(engines)
+        step_ms = sum(e["mean_step_ms"] for e in engines) / len(engines)
+        lines.append(f"| {name} | {label} | {len(call['engines'])} | {steps:,.0f} | {step_ms:.1f} | "
+                     f"{100 * share('wait_s'):.0f}% | {100 * share('process_s'):.0f}% | "
+                     f"{100 * share('outside_s'):.0f}% | {sum(e['outputs_per_s'] for e in engines):,.0f} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    runs = {}
+    runs, cut = {}, {}
     for f in sorted(args.run_dir.glob("*.json")):
-        if f.name.endswith(".partial.json"):  # a cut case's baseline alone: no row to make of it
-            continue
         try:
             record = json.loads(f.read_text())
         except json.JSONDecodeError as e:
             raise SystemExit(f"{f}: not JSON ({e})") from None
-        if isinstance(record, dict) and "engines" in record:  # not e.g. the folder's provenance.json
+        if f.name.endswith(".partial.json"):  # a cut case: no throughput row, its steps in flight if traced
+            cut[f.name.removesuffix(".partial.json") + " (cut)"] = record
+        elif isinstance(record, dict) and "engines" in record:  # not e.g. the folder's provenance.json
             runs[f.stem] = record
-    if not runs:
-        raise SystemExit(f"{args.run_dir}: no rollout bench .json files")
-    text = render(runs)
+    text = render(runs) if runs else ""
+    steps = trace_table({**runs, **cut})
+    text += ("\n" if text and steps else "") + steps
+    if not text:
+        raise SystemExit(f"{args.run_dir}: no rollout bench .json files (nor a traced cut case)")
     if args.out:
         args.out.write_text(text)
     print(text, end="")

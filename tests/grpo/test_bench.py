@@ -193,3 +193,36 @@ def test_rollout_table_shows_each_runs_engine_count(tmp_path):
     assert lines["k4"].startswith("| k4 | vllm_colocated | 4 | 1,024 |")
     assert lines["k1-old"].startswith("| k1-old | vllm_colocated | 1 | 1,024 |")
     assert lines["hf-only"].startswith("| hf-only | - | - | 1,024 |")
+
+
+def test_rollout_table_splits_traced_steps_of_a_finished_and_a_cut_case(tmp_path):
+    """--trace-steps records: the finished run's last timed call and the cut case's call in flight, each engine's
+    blocked / processing / outside shares of its span averaged over the engines, outputs/s summed."""
+    table = load_bench("rollout_bench_table")
+
+    def eng(steps, span, wait, process, outputs):
+        return {"steps": steps, "span_s": span, "wait_s": wait, "process_s": process, "step_s": wait + process,
+                "outside_s": span - wait - process, "mean_step_ms": 1e3 * (wait + process) / steps if steps else None,
+                "outputs": outputs, "outputs_per_s": outputs / span if span else None}
+    warm = {"elapsed_s": 9.0, "engines": [eng(1, 1.0, 0.5, 0.5, 1)]}
+    timed = {"elapsed_s": 8.0, "engines": [eng(100, 10.0, 6.0, 3.0, 5000), eng(100, 10.0, 2.0, 7.0, 5000)]}
+    base = {"model": {"name": "m"}, "ratio_vllm_over_hf": 2.0,
+            "batch": {"prompts": 64, "group_size": 16, "sequences": 1024, "max_new_tokens": 256,
+                      "temperature": 1.0, "top_p": 1.0},
+            "answer_lengths": {"mean": 256.0, "p90": 256.0, "at_cap_frac": 1.0},
+            "engines": {"hf": {"tokens_per_s": 1000.0}, "vllm_colocated": {"tokens_per_s": 2e3}},
+            "vllm_engines": 2, "step_trace": {"engines": 2, "calls": [warm, warm, timed]}}
+    (tmp_path / "k2.json").write_text(json.dumps(base))
+    cut = {"partial": "cut", "engines": {"hf": {"tokens_per_s": 1000.0}},
+           "step_trace": {"engines": 2, "calls": [], "in_flight": {
+               "elapsed_s": 52.4, "engines": [eng(40, 50.0, 45.0, 4.0, 20480), eng(0, 0.0, 0.0, 0.0, 0)]}}}
+    (tmp_path / "k4.partial.json").write_text(json.dumps(cut))
+    (tmp_path / "hf.partial.json").write_text(json.dumps({"partial": "cut", "engines": {"hf": {}}}))  # untraced
+    out = tmp_path / "t.md"
+    assert table.main([str(tmp_path), "--out", str(out)]) == 0
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in out.read_text().split("\n\n")[1].splitlines()[2:]}
+    assert sorted(rows) == ["k2", "k4 (cut)"]
+    # k2: blocked (0.6 + 0.2) / 2 = 40%, processing (0.3 + 0.7) / 2 = 50%, outside 10%; 500 + 500 outputs/s
+    assert rows["k2"] == "| k2 | timed 2 of 2 | 2 | 100 | 90.0 | 40% | 50% | 10% | 1,000 |"
+    # the cut case: only the engine that had stepped; 45 / 50 blocked
+    assert rows["k4 (cut)"] == "| k4 (cut) | cut after 52 s (0 done) | 2 | 40 | 1225.0 | 90% | 8% | 2% | 410 |"

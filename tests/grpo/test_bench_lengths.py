@@ -144,8 +144,8 @@ def test_engines_count_the_useful_tokens_by_hand(bench, monkeypatch, tmp_path):
     vllm = types.SimpleNamespace(name="vllm_colocated")
     monkeypatch.setattr(bench, "build", lambda name, *a, **k: hf if name == "hf" else vllm)
     monkeypatch.setattr(bench, "vllm_generate_lengths", vllm_lengths)
-    args = types.SimpleNamespace(repeats=2, hf_logprobs="keep", profile="", engines=["hf", "vllm_colocated"],
-                                 length_spec=bench.LengthSpec("lognormal"))
+    args = types.SimpleNamespace(repeats=2, hf_logprobs="keep", profile="", trace_steps=False,
+                                 engines=["hf", "vllm_colocated"], length_spec=bench.LengthSpec("lognormal"))
     tokenizer = types.SimpleNamespace(decode=lambda ids, skip_special_tokens: "x" * len(ids))
     params = SamplingParams(n=2, max_new_tokens=16, seed=7)
     engines, _, batch, _ = bench.measure_engines(None, tokenizer, [[5, 6], [7]], params, (3, 1, 4, 2), args, tmp_path)

@@ -115,3 +115,34 @@ def test_a_run_tag_names_a_variant_of_the_recipe(tmp_path):
     trains = _trains(_work(tmp_path, LRS="5e-5", SEEDS="1", RUN_TAG="os1.5", RECIPE_SETS="--set data.oversample=1.5"))
     assert list(trains) == ["recipe-lr5e-5-os1.5-s1"]
     assert "data.oversample=1.5" in trains["recipe-lr5e-5-os1.5-s1"]
+
+
+# records `timeout`'s limit, then runs the command it was given
+TIMEOUT_STAND_IN = """#!/usr/bin/env bash
+echo "timeout $*" >> "$CALLS"
+shift 3
+exec "$@"
+"""
+
+
+def test_rollout_bench_engine_cases_get_time_per_engine_and_their_extra_flags(tmp_path):
+    """RB_CASES k2/k4: each case's limit is RB_S plus 60 s per engine beyond the first (engines start one after
+    another); every fixed-length case traces its steps; RB_K_EXTRA reaches the k cases, named with RB_K_TAG; an
+    empty PARTS runs no part beside them (an unset one runs the default parts)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "timeout").write_text(TIMEOUT_STAND_IN)
+    (bindir / "timeout").chmod(0o755)
+    calls = _work(tmp_path, PARTS="", SOLO_PARTS="rollout_bench", RB_CASES="k2 k4", RB_S="300",
+                  RB_K_EXTRA="--switch-interval-ms 0.5", RB_K_TAG="-si0.5")
+    limits = [int(argv[3]) for argv in calls
+              if argv[:3] == ["timeout", "-s", "INT"] and argv[5:6] == ["bench/grpo_rollout_bench.py"]]
+    benches = [argv for argv in calls if argv[:1] == ["bench/grpo_rollout_bench.py"]]
+    assert limits == [360, 480] and len(benches) == 2
+    for k, argv in zip((2, 4), benches):
+        assert argv[argv.index("--vllm-engines") + 1] == str(k) and "--trace-steps" in argv
+        assert argv[argv.index("--switch-interval-ms") + 1] == "0.5"
+        assert argv[argv.index("--out") + 1].endswith(f"/rollout-bench/fixed1024-colocated-k{k}-si0.5.json")
+        assert argv[argv.index("--cudagraph-max", argv.index("--cudagraph-max") + 1) + 1] == str(1024 // k)
+    assert any(argv[:1] == ["bench/rollout_bench_table.py"] for argv in calls)
+    assert not _trains(calls) and not any("battery" in argv for argv in calls)  # PARTS="": nothing beside it
