@@ -508,9 +508,9 @@ def measure_engines(model: torch.nn.Module, tokenizer: object, prompts: list[lis
         vllm = build_standalone(model, tokenizer, args, workdir)
         generate = vllm.generate
     if generate is not None:
-        generate = traced(generate, vllm, args) if args.trace_steps else generate
-        engines[vllm.name], batch = time_engine(generate, prompts, params, args.repeats, lengths, decode)
-        if args.profile:
+        timed = traced(generate, vllm, args) if args.trace_steps else generate
+        engines[vllm.name], batch = time_engine(timed, prompts, params, args.repeats, lengths, decode)
+        if args.profile:  # untraced: the profiled call's slower steps stay out of step_trace
             profile = profile_call(generate, prompts, params, args.profile)
     return engines, vllm, batch, profile
 
