@@ -71,11 +71,12 @@ def render(runs: dict[str, dict]) -> str:
 def trace_call(record: dict) -> tuple[str, dict] | None:
     """(which call, its step record) from a run's step_trace: the last finished call, else the one in flight."""
     t = record.get("step_trace") or {}
-    if t.get("calls"):
-        return f"timed {len(t['calls']) - 1} of {len(t['calls']) - 1}" if len(t["calls"]) > 1 else "warm-up", \
-            t["calls"][-1]
+    calls = t.get("calls") or []
+    if calls:
+        timed = len(calls) - 1  # the first call is the warm-up
+        return (f"timed {timed} of {timed}" if timed else "warm-up"), calls[-1]
     if t.get("in_flight"):
-        return f"cut after {t['in_flight']['elapsed_s']:.0f} s ({len(t.get('calls') or ())} done)", t["in_flight"]
+        return f"cut after {t['in_flight']['elapsed_s']:.0f} s ({len(calls)} done)", t["in_flight"]
     return None
 
 
